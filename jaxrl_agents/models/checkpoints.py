@@ -1,0 +1,315 @@
+"""Load and save Llama-family weights: Hugging Face directories and GGUF files.
+
+Every loader returns `(params, TransformerConfig)` with params laid out as in
+`transformer.py` (numpy float32 arrays; `jax.device_put` or the sharding code
+moves them). `save_hf_dir` writes the reverse: a directory transformers (and
+vLLM) load as a LlamaForCausalLM or Qwen2ForCausalLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxrl_agents.models.transformer import TransformerConfig
+
+# Our per-layer names -> the Hugging Face module path under model.layers.{i}.
+_HF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm.weight",
+    "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight",
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+    "wo": "self_attn.o_proj.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "w_gate": "mlp.gate_proj.weight",
+    "w_up": "mlp.up_proj.weight",
+    "w_down": "mlp.down_proj.weight",
+}
+
+# Our per-layer names -> the GGUF tensor name under blk.{i}.
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight",
+    "wk": "attn_k.weight",
+    "wv": "attn_v.weight",
+    "bq": "attn_q.bias",
+    "bk": "attn_k.bias",
+    "bv": "attn_v.bias",
+    "wo": "attn_output.weight",
+    "mlp_norm": "ffn_norm.weight",
+    "w_gate": "ffn_gate.weight",
+    "w_up": "ffn_up.weight",
+    "w_down": "ffn_down.weight",
+}
+
+_SUPPORTED_HF_TYPES = ("llama", "qwen2", "mistral")
+
+
+def _layer_keys(cfg: TransformerConfig) -> list[str]:
+  keys = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"]
+  if cfg.qkv_bias:
+    keys += ["bq", "bk", "bv"]
+  return keys
+
+
+def _is_matrix(name: str) -> bool:
+  return name.startswith("w")
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face directories.
+
+
+def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
+  """A TransformerConfig from a Hugging Face config.json dict (Llama/Qwen2/Mistral)."""
+  model_type = hf.get("model_type")
+  if model_type not in _SUPPORTED_HF_TYPES:
+    raise ValueError(
+        f"config.json model_type {model_type!r} is not supported; expected one of "
+        f"{_SUPPORTED_HF_TYPES}")
+  # transformers 5 moved rope settings into `rope_parameters`; older files keep
+  # `rope_theta` and `rope_scaling` at the top level.
+  rope = dict(hf.get("rope_parameters") or {})
+  if hf.get("rope_scaling"):
+    rope = {**hf["rope_scaling"], **rope}
+  theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  scaling = None
+  if rope_type == "llama3":
+    scaling = (float(rope["factor"]), float(rope["low_freq_factor"]),
+               float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+  elif rope_type not in ("default", None):
+    raise ValueError(f"rope type {rope_type!r} is not supported (only default and llama3)")
+  n_heads = hf["num_attention_heads"]
+  head_dim = hf.get("head_dim") or hf["hidden_size"] // n_heads
+  qkv_bias = model_type == "qwen2" or bool(hf.get("attention_bias", False))
+  return TransformerConfig(
+      vocab_size=hf["vocab_size"],
+      d_model=hf["hidden_size"],
+      n_layers=hf["num_hidden_layers"],
+      n_heads=n_heads,
+      n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+      head_dim=head_dim,
+      ffn_dim=hf["intermediate_size"],
+      rope_theta=float(theta),
+      rope_scaling=scaling,
+      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      qkv_bias=qkv_bias,
+      max_seq_len=int(hf.get("max_position_embeddings", 2048)),
+  )
+
+
+def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
+  """The config.json dict transformers needs to rebuild this architecture."""
+  model_type = "qwen2" if cfg.qkv_bias else "llama"
+  arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+  rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+  if cfg.rope_scaling is not None:
+    factor, low, high, original = cfg.rope_scaling
+    rope_parameters.update(rope_type="llama3", factor=factor, low_freq_factor=low,
+                           high_freq_factor=high, original_max_position_embeddings=original)
+  hf = {
+      "architectures": [arch],
+      "model_type": model_type,
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.d_model,
+      "intermediate_size": cfg.ffn_dim,
+      "num_hidden_layers": cfg.n_layers,
+      "num_attention_heads": cfg.n_heads,
+      "num_key_value_heads": cfg.n_kv_heads,
+      "head_dim": cfg.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": cfg.max_seq_len,
+      "rms_norm_eps": cfg.norm_eps,
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "rope_theta": cfg.rope_theta,
+      "rope_parameters": rope_parameters,
+      "torch_dtype": "float32",
+  }
+  if cfg.rope_scaling is not None:
+    hf["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+  if model_type == "llama":
+    hf["attention_bias"] = False
+    hf["mlp_bias"] = False
+  return hf
+
+
+def _stack_layers(get, cfg: TransformerConfig, names: dict[str, str], prefix: str) -> dict:
+  layers = {}
+  for key in _layer_keys(cfg):
+    per_layer = []
+    for i in range(cfg.n_layers):
+      w = get(prefix.format(i=i) + names[key])
+      per_layer.append(w.T if _is_matrix(key) else w)
+    layers[key] = np.stack(per_layer).astype(np.float32)
+  return layers
+
+
+def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
+  """Loads config.json and *.safetensors from a Hugging Face model directory."""
+  from safetensors.numpy import load_file
+
+  config_path = os.path.join(path, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{path!r} is not a Hugging Face model directory: no config.json")
+  with open(config_path) as f:
+    cfg = config_from_hf(json.load(f))
+  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise FileNotFoundError(f"no *.safetensors weights in {path!r}")
+  tensors: dict[str, np.ndarray] = {}
+  for name in files:
+    for key, value in load_file(os.path.join(path, name)).items():
+      tensors[key] = value
+
+  def get(name):
+    if name not in tensors:
+      raise KeyError(f"weight {name!r} missing from the safetensors files in {path!r}")
+    return _to_float32(tensors[name])
+
+  params = {
+      "embed": get("model.embed_tokens.weight"),
+      "layers": _stack_layers(get, cfg, _HF_LAYER_NAMES, "model.layers.{i}."),
+      "final_norm": get("model.norm.weight"),
+  }
+  if not cfg.tie_embeddings:
+    params["lm_head"] = get("lm_head.weight").T.copy()
+  return params, cfg
+
+
+def _to_float32(x: np.ndarray) -> np.ndarray:
+  if x.dtype == np.uint16:  # bf16 as read by safetensors.numpy without ml_dtypes
+    return (x.astype(np.uint32) << 16).view(np.float32)
+  return np.asarray(x, dtype=np.float32)
+
+
+def save_hf_dir(params: dict, cfg: TransformerConfig, out_dir: str, tokenizer=None) -> None:
+  """Writes config.json, model.safetensors (float32) and, if given, tokenizer files."""
+  from safetensors.numpy import save_file
+
+  os.makedirs(out_dir, exist_ok=True)
+  host = _to_numpy(params)
+  tensors = {
+      "model.embed_tokens.weight": host["embed"],
+      "model.norm.weight": host["final_norm"],
+  }
+  for key in _layer_keys(cfg):
+    for i in range(cfg.n_layers):
+      w = host["layers"][key][i]
+      tensors[f"model.layers.{i}.{_HF_LAYER_NAMES[key]}"] = w.T if _is_matrix(key) else w
+  if not cfg.tie_embeddings:
+    tensors["lm_head.weight"] = host["lm_head"].T
+  tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+  save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config_to_hf(cfg), f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)
+    generation = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                  "pad_token_id": tokenizer.pad_token_id}
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+      json.dump(generation, f, indent=2)
+
+
+def _to_numpy(params: dict) -> dict:
+  import jax
+  return jax.tree.map(lambda x: np.asarray(x, dtype=np.float32), params)
+
+
+# ----------------------------------------------------------------------------
+# GGUF files.
+
+
+def unpermute_gguf_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+  """Undoes llama.cpp's q/k row permutation on an [out, in] projection.
+
+  llama.cpp's converter reorders each head's rows from HF's half-split rotary
+  layout (first half, second half) to interleaved pairs:
+  `w.reshape(n_heads, 2, Dh/2, in).swapaxes(1, 2)`. This inverts it.
+  """
+  out_dim = w.shape[0]
+  head_dim = out_dim // n_heads
+  return (w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:])
+          .swapaxes(1, 2).reshape(w.shape))
+
+
+def read_gguf_metadata(reader) -> dict[str, Any]:
+  """Scalar and string fields of a GGUFReader (token lists are left out: they are big)."""
+  meta = {}
+  for key, field in reader.fields.items():
+    if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+               "tokenizer.ggml.scores"):
+      continue
+    meta[key] = field.contents()
+  return meta
+
+
+def config_from_gguf(meta: dict[str, Any], tensor_names: set[str]) -> TransformerConfig:
+  arch = meta.get("general.architecture")
+  if arch not in ("llama", "qwen2"):
+    raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2)")
+  n_heads = int(meta[f"{arch}.attention.head_count"])
+  d_model = int(meta[f"{arch}.embedding_length"])
+  head_dim = int(meta.get(f"{arch}.rope.dimension_count", d_model // n_heads))
+  vocab = meta.get(f"{arch}.vocab_size")
+  if vocab is None:
+    raise ValueError("GGUF file has no vocab_size")
+  return TransformerConfig(
+      vocab_size=int(vocab),
+      d_model=d_model,
+      n_layers=int(meta[f"{arch}.block_count"]),
+      n_heads=n_heads,
+      n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
+      head_dim=head_dim,
+      ffn_dim=int(meta[f"{arch}.feed_forward_length"]),
+      rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+      norm_eps=float(meta[f"{arch}.attention.layer_norm_rms_epsilon"]),
+      tie_embeddings="output.weight" not in tensor_names,
+      qkv_bias="blk.0.attn_q.bias" in tensor_names,
+      max_seq_len=int(meta.get(f"{arch}.context_length", 2048)),
+  )
+
+
+def load_gguf(path: str) -> tuple[dict, TransformerConfig]:
+  """Loads and dequantizes a llama/qwen2 GGUF file into float32 params."""
+  import gguf
+
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"GGUF file not found: {path!r}")
+  reader = gguf.GGUFReader(path)
+  tensors = {t.name: t for t in reader.tensors}
+  meta = read_gguf_metadata(reader)
+  if meta.get("general.architecture") == "llama" and "llama.vocab_size" not in meta:
+    meta["llama.vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+  cfg = config_from_gguf(meta, set(tensors))
+  arch = meta["general.architecture"]
+
+  def get(name):
+    if name not in tensors:
+      raise KeyError(f"tensor {name!r} missing from GGUF file {path!r}")
+    t = tensors[name]
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+    # GGUF lists dims fastest-first; numpy data comes out [out, in].
+    w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
+    # Only llama's converter permutes q/k; qwen2's keeps HF's layout.
+    if arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+      w = unpermute_gguf_qk(w, cfg.n_heads)
+    elif arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+      w = unpermute_gguf_qk(w, cfg.n_kv_heads)
+    return w
+
+  params = {
+      "embed": get("token_embd.weight"),
+      "layers": _stack_layers(get, cfg, _GGUF_LAYER_NAMES, "blk.{i}."),
+      "final_norm": get("output_norm.weight"),
+  }
+  if not cfg.tie_embeddings:
+    params["lm_head"] = get("output.weight").T.copy()
+  return params, cfg

@@ -1,0 +1,159 @@
+"""Tokenizers (transformers' fast tokenizers) and chat-template helpers.
+
+A tokenizer comes from a Hugging Face directory's tokenizer.json, from a GGUF
+file's metadata (vocab, merges, special tokens, chat template), or, for tests,
+from `byte_level_tokenizer` which needs no files at all.
+
+Padding: SmolLM2 ships `<|im_end|>` as its pad token, and that token also ends
+every chat turn. A pad id that occurs inside real sequences makes masks built
+from it wrong, so tokenizers here always pad with a token the chat template
+never writes (`<|endoftext|>` for SmolLM2), and the library builds masks from
+lengths, never from the pad id.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+_PAD_CANDIDATES = ("<|endoftext|>", "<|finetune_right_pad_id|>", "<pad>", "<unk>")
+
+
+def _fast_tokenizer(backend, chat_template, bos, eos, unk, pad):
+  from transformers import PreTrainedTokenizerFast
+  tok = PreTrainedTokenizerFast(
+      tokenizer_object=backend, bos_token=bos, eos_token=eos, unk_token=unk, pad_token=pad)
+  tok.chat_template = chat_template
+  tok.padding_side = "left"
+  return ensure_safe_pad_token(tok)
+
+
+def ensure_safe_pad_token(tok):
+  """Replaces a pad token that the chat template writes (or that equals EOS)."""
+  template = tok.chat_template or ""
+  pad = tok.pad_token
+  if pad is not None and pad not in template and pad != tok.eos_token:
+    return tok
+  vocab = tok.get_vocab()
+  for candidate in _PAD_CANDIDATES:
+    if candidate in vocab and candidate not in template and candidate != tok.eos_token:
+      tok.pad_token = candidate
+      return tok
+  raise ValueError(
+      f"no safe pad token: {pad!r} occurs in the chat template or equals EOS, and none of "
+      f"{_PAD_CANDIDATES} is in the vocabulary")
+
+
+def byte_level_tokenizer():
+  """A tiny byte-level BPE tokenizer (259 tokens) with ChatML special tokens.
+
+  Ids 0-2 are <|endoftext|>, <|im_start|>, <|im_end|>; ids 3-258 are bytes.
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  vocab = {tok: i for i, tok in enumerate(specials)}
+  for ch in sorted(alphabet):
+    vocab[ch] = len(vocab)
+  backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  backend.decoder = decoders.ByteLevel()
+  backend.add_special_tokens(specials)
+  return _fast_tokenizer(backend, CHATML_TEMPLATE, bos="<|im_start|>", eos="<|im_end|>",
+                         unk="<|endoftext|>", pad="<|endoftext|>")
+
+
+def tokenizer_from_gguf(path: str):
+  """Builds a fast tokenizer from a GGUF file's `tokenizer.*` metadata (no torch needed)."""
+  import gguf
+
+  # An internal transformers module: the transformers range in setup.py is
+  # pinned for it, and the parity tests compare the result with transformers'
+  # own GGUF tokenizer.
+  from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+    GGUF_TOKENIZER_MAPPING,
+    convert_gguf_tokenizer,
+  )
+
+  reader = gguf.GGUFReader(path)
+  meta = {k: f.contents() for k, f in reader.fields.items()
+          if k.startswith("tokenizer.") or k == "general.architecture"}
+  renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
+  tok_dict = {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
+              if f"tokenizer.{key}" in meta}
+  backend, _ = convert_gguf_tokenizer(meta["general.architecture"], tok_dict)
+  tokens = tok_dict["tokens"]
+
+  def special(key):
+    idx = meta.get(f"tokenizer.ggml.{key}")
+    return tokens[idx] if idx is not None else None
+
+  return _fast_tokenizer(
+      backend, meta.get("tokenizer.chat_template"), bos=special("bos_token_id"),
+      eos=special("eos_token_id"), unk=special("unknown_token_id"),
+      pad=special("padding_token_id"))
+
+
+def load_tokenizer(path: str):
+  """Loads tokenizer.json (+ tokenizer_config.json) from a directory."""
+  from transformers import AutoTokenizer
+  if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    raise FileNotFoundError(f"no tokenizer.json in {path!r}")
+  tok = AutoTokenizer.from_pretrained(path)
+  tok.padding_side = "left"
+  return ensure_safe_pad_token(tok)
+
+
+def stop_token_ids(tok) -> tuple[int, ...]:
+  """Token ids that end a completion: EOS, plus <|endoftext|> when the vocabulary has it."""
+  ids = {tok.eos_token_id}
+  end_of_text = tok.get_vocab().get("<|endoftext|>")
+  if end_of_text is not None:
+    ids.add(end_of_text)
+  return tuple(sorted(i for i in ids if i is not None))
+
+
+def chat_prompt(tok, prompt: str | list[dict], system: str | None = None) -> str:
+  """Renders a user prompt (or a message list) through the chat template,
+  ending with the assistant's generation prompt."""
+  if isinstance(prompt, str):
+    messages = [{"role": "user", "content": prompt}]
+  else:
+    messages = list(prompt)
+  if system is not None:
+    messages = [{"role": "system", "content": system}] + messages
+  if not tok.chat_template:
+    raise ValueError("this tokenizer has no chat template; pass chat=False")
+  return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(tok, prompts: Sequence[str], chat: bool = True,
+                   system: str | None = None) -> list[list[int]]:
+  """Token ids per prompt, through the chat template unless chat=False."""
+  texts = [chat_prompt(tok, p, system) if chat else p for p in prompts]
+  return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+
+def pad_left(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pads token lists to int32[B, length] with a bool[B, length] mask."""
+  longest = max((len(s) for s in seqs), default=0)
+  length = longest if length is None else length
+  if longest > length:
+    raise ValueError(f"a sequence of {longest} tokens does not fit in length {length}")
+  tokens = np.full((len(seqs), length), pad_id, np.int32)
+  mask = np.zeros((len(seqs), length), bool)
+  for i, s in enumerate(seqs):
+    if len(s):
+      tokens[i, length - len(s):] = s
+      mask[i, length - len(s):] = True
+  return tokens, mask

@@ -1,0 +1,377 @@
+"""Llama-family decoder as pure functions over a plain parameter pytree.
+
+Covers Llama 2/3, SmolLM2 and Qwen2: RMSNorm, rotary position embeddings (with
+the Llama-3 frequency scaling when the config asks for it), grouped-query
+attention, SwiGLU MLP, tied or untied LM head and optional q/k/v biases.
+
+Parameters are a nested dict. Per-layer weights are stacked on a leading layer
+axis ``L`` so the layers run under one ``lax.scan``: compile time does not grow
+with depth, and sharding rules see one array per weight kind.
+
+```
+params = {
+  "embed":      f[V, D],
+  "layers": {
+    "attn_norm": f[L, D],
+    "wq": f[L, D, H*Dh],  "wk": f[L, D, K*Dh],  "wv": f[L, D, K*Dh],
+    "bq": f[L, H*Dh],     "bk": f[L, K*Dh],     "bv": f[L, K*Dh],   # qkv_bias only
+    "wo": f[L, H*Dh, D],
+    "mlp_norm": f[L, D],
+    "w_gate": f[L, D, F], "w_up": f[L, D, F],   "w_down": f[L, F, D],
+  },
+  "final_norm": f[D],
+  "lm_head":    f[D, V],                                              # untied only
+}
+```
+
+The KV cache is an explicit pytree (see `init_cache`): fixed-size key/value
+buffers over ``S`` slots, a per-slot validity mask and the next write slot.
+A batch moves through the cache in lockstep (left-padded prompts), so a single
+scalar write index serves every row while RoPE positions stay per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Params = dict[str, Any]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _as_dtype(name: str) -> jnp.dtype:
+  if name not in _DTYPES:
+    raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPES)}")
+  return _DTYPES[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Static architecture description; hashable so jit can treat it as static.
+
+  Attributes:
+    vocab_size: V.
+    d_model: D, the residual width.
+    n_layers: L.
+    n_heads: H, query heads.
+    n_kv_heads: K, key/value heads (H % K == 0; K < H is grouped-query attention).
+    head_dim: Dh.
+    ffn_dim: F, the SwiGLU hidden width.
+    rope_theta: base of the rotary frequencies.
+    rope_scaling: None, or the Llama-3 scaling as a tuple of
+      (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).
+    norm_eps: RMSNorm epsilon.
+    tie_embeddings: the LM head reuses the embedding matrix.
+    qkv_bias: q/k/v projections carry biases (Qwen2 family).
+    max_seq_len: the longest context the model was trained for (informational).
+    param_dtype: storage dtype of the parameters.
+    dtype: compute dtype of activations and matmul inputs. Matmuls accumulate
+      in float32 whatever this is; norms, softmax and logits are float32.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  rope_theta: float = 10000.0
+  rope_scaling: tuple[float, float, float, int] | None = None
+  norm_eps: float = 1e-5
+  tie_embeddings: bool = True
+  qkv_bias: bool = False
+  max_seq_len: int = 2048
+  param_dtype: str = "float32"
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+    _as_dtype(self.param_dtype)
+    _as_dtype(self.dtype)
+
+  def replace(self, **changes) -> TransformerConfig:
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def num_params(self) -> int:
+    d, f, dh = self.d_model, self.ffn_dim, self.head_dim
+    attn = d * dh * (self.n_heads * 2 + self.n_kv_heads * 2)
+    if self.qkv_bias:
+      attn += dh * (self.n_heads + 2 * self.n_kv_heads)
+    per_layer = attn + 3 * d * f + 2 * d
+    head = 0 if self.tie_embeddings else d * self.vocab_size
+    return self.vocab_size * d + self.n_layers * per_layer + d + head
+
+
+class KVCache(NamedTuple):
+  """Decoding state. Slots are positions in the buffer, not RoPE positions.
+
+  Attributes:
+    k: f[L, B, S, K, Dh] keys, already rotated.
+    v: f[L, B, S, K, Dh] values.
+    valid: bool[B, S] whether a slot holds a real (non-padding) token.
+    index: int32[] the next slot to write; every row writes the same slots.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  valid: jax.Array
+  index: jax.Array
+
+
+def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int,
+               dtype: str | None = None) -> KVCache:
+  """An empty cache of `max_len` slots per row, in the compute dtype by default."""
+  shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+  dt = _as_dtype(dtype or cfg.dtype)
+  return KVCache(
+      k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+      valid=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
+  """Random parameters (truncated-normal fan-in init, unit norms)."""
+  pdt = _as_dtype(cfg.param_dtype)
+  d, f, dh, nl = cfg.d_model, cfg.ffn_dim, cfg.head_dim, cfg.n_layers
+  hq, hk = cfg.n_heads * dh, cfg.n_kv_heads * dh
+  keys = iter(jax.random.split(rng, 16))
+
+  def dense(shape, fan_in):
+    w = jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, jnp.float32)
+    return (w / math.sqrt(fan_in)).astype(pdt)
+
+  layers = {
+      "attn_norm": jnp.ones((nl, d), pdt),
+      "wq": dense((nl, d, hq), d), "wk": dense((nl, d, hk), d), "wv": dense((nl, d, hk), d),
+      "wo": dense((nl, hq, d), hq),
+      "mlp_norm": jnp.ones((nl, d), pdt),
+      "w_gate": dense((nl, d, f), d), "w_up": dense((nl, d, f), d),
+      "w_down": dense((nl, f, d), f),
+  }
+  if cfg.qkv_bias:
+    layers["bq"] = dense((nl, hq), 1) * 0.02
+    layers["bk"] = dense((nl, hk), 1) * 0.02
+    layers["bv"] = dense((nl, hk), 1) * 0.02
+  params = {"embed": dense((cfg.vocab_size, d), 1), "layers": layers,
+            "final_norm": jnp.ones((d,), pdt)}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = dense((d, cfg.vocab_size), d)
+  return params
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) * scale, computed in float32, returned in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
+  """Inverse frequencies f32[Dh/2], with Llama-3 scaling applied if configured."""
+  half = cfg.head_dim // 2
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(half, dtype=jnp.float32) * 2 / cfg.head_dim))
+  if cfg.rope_scaling is None:
+    return inv_freq
+  # "The Llama 3 Herd of Models": long wavelengths are divided by `factor`,
+  # short ones kept, and the band between is interpolated smoothly.
+  factor, low_ff, high_ff, original_len = cfg.rope_scaling
+  low_wavelen = original_len / low_ff
+  high_wavelen = original_len / high_ff
+  wavelen = 2 * math.pi / inv_freq
+  smooth = (original_len / wavelen - low_ff) / (high_ff - low_ff)
+  interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+  is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+  return jnp.where(is_medium, interpolated, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates x f[B, T, N, Dh] by positions int[B, T] (HF's half-split layout)."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+  sin = jnp.sin(angles)[:, :, None, :]
+  cos = jnp.cos(angles)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
+  """x @ w with inputs in the compute dtype and float32 accumulation."""
+  y = jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype),
+                 preferred_element_type=jnp.float32)
+  return y.astype(dtype)
+
+
+def _attention(q, k, v, allowed, cfg: TransformerConfig):
+  """Grouped-query attention.
+
+  Args:
+    q: f[B, T, H, Dh]; k, v: f[B, S, K, Dh].
+    allowed: bool[B, T, S], which keys each query may attend to.
+  Returns:
+    f[B, T, H*Dh].
+  """
+  b, t, _, dh = q.shape
+  groups = cfg.n_heads // cfg.n_kv_heads
+  q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype),
+                      preferred_element_type=jnp.float32) / math.sqrt(dh)
+  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1)
+  # A query with no allowed key (a padding row) gets zeros, not NaN or noise.
+  probs = jnp.where(allowed[:, None, None].any(-1, keepdims=True), probs, 0.0)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(q.dtype), v.astype(q.dtype),
+                   preferred_element_type=jnp.float32)
+  return out.reshape(b, t, cfg.n_heads * dh).astype(q.dtype)
+
+
+def _mlp(x, layer, dtype):
+  gate = _dense(x, layer["w_gate"], dtype)
+  up = _dense(x, layer["w_up"], dtype)
+  return _dense(jax.nn.silu(gate.astype(jnp.float32)).astype(dtype) * up, layer["w_down"], dtype)
+
+
+def _qkv(h, layer, positions, inv_freq, cfg, dtype):
+  b, t, _ = h.shape
+  q = _dense(h, layer["wq"], dtype)
+  k = _dense(h, layer["wk"], dtype)
+  v = _dense(h, layer["wv"], dtype)
+  if cfg.qkv_bias:
+    q = q + layer["bq"].astype(dtype)
+    k = k + layer["bk"].astype(dtype)
+    v = v + layer["bv"].astype(dtype)
+  q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), positions, inv_freq)
+  k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, inv_freq)
+  v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+  return q, k, v
+
+
+def lm_head(params: Params, hidden: jax.Array, cfg: TransformerConfig) -> jax.Array:
+  """Vocabulary logits f32[..., V] from final hidden states f[..., D]."""
+  dtype = _as_dtype(cfg.dtype)
+  w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+  return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w.astype(dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def apply(
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cfg: TransformerConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+    return_hidden: bool = False,
+) -> tuple[jax.Array, KVCache | None]:
+  """Runs the decoder.
+
+  Without a cache, attention is causal within each segment: token i sees token
+  j iff j <= i, segment_ids[j] == segment_ids[i] and segment_ids[j] != 0
+  (segment 0 is padding). This covers plain batches, left/right padding and
+  packed sequences.
+
+  With a cache, the T new tokens are written to slots [index, index + T) and
+  each attends to every valid slot up to its own. Padding tokens
+  (segment_ids == 0) are written but marked invalid, so no later token sees
+  them.
+
+  Args:
+    params: the parameter pytree (see the module docstring).
+    tokens: int[B, T].
+    positions: int[B, T] RoPE positions (e.g. cumsum(mask) - 1 for left padding).
+    cfg: the architecture.
+    segment_ids: int[B, T]; defaults to all ones (no padding).
+    cache: a KVCache with room for T more slots, or None.
+    return_hidden: return final normalized hidden states f[B, T, D] (for value
+      or reward heads, or to compute logits only where needed) instead of
+      logits f32[B, T, V].
+
+  Returns:
+    (logits or hidden states, the updated cache or None).
+  """
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be int[B, T], got shape {tokens.shape}")
+  if positions.shape != tokens.shape:
+    raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
+  if segment_ids is None:
+    segment_ids = jnp.ones(tokens.shape, jnp.int32)
+  elif segment_ids.shape != tokens.shape:
+    raise ValueError(f"segment_ids shape {segment_ids.shape} != tokens shape {tokens.shape}")
+  dtype = _as_dtype(cfg.dtype)
+  inv_freq = rope_frequencies(cfg)
+  b, t = tokens.shape
+  x = params["embed"][tokens].astype(dtype)
+  token_valid = segment_ids != 0
+
+  if cache is None:
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    allowed = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+               & token_valid[:, None, :])
+
+    def layer_fn(x, layer):
+      h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+      q, k, v = _qkv(h, layer, positions, inv_freq, cfg, dtype)
+      x = x + _dense(_attention(q, k, v, allowed, cfg), layer["wo"], dtype)
+      x = x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
+      return x, None
+
+    x, _ = jax.lax.scan(layer_fn, x, params["layers"])
+    new_cache = None
+  else:
+    max_len = cache.k.shape[2]
+    if cache.k.shape[1] != b:
+      raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}")
+    start = cache.index
+    valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
+    query_slot = start + jnp.arange(t)
+    allowed = (jnp.arange(max_len)[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+
+    # The whole cache rides in the scan carry and each layer updates its slice
+    # in place, so XLA never copies the buffers (donate them at the jit boundary).
+    def layer_fn(carry, xs):
+      x, k_cache, v_cache = carry
+      layer, i = xs
+      h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+      q, k, v = _qkv(h, layer, positions, inv_freq, cfg, dtype)
+      zero = jnp.zeros((), jnp.int32)
+      k_cache = jax.lax.dynamic_update_slice(
+          k_cache, k[None].astype(k_cache.dtype), (i, zero, start, zero, zero))
+      v_cache = jax.lax.dynamic_update_slice(
+          v_cache, v[None].astype(v_cache.dtype), (i, zero, start, zero, zero))
+      x = x + _dense(_attention(q, k_cache[i], v_cache[i], allowed, cfg), layer["wo"], dtype)
+      x = x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
+      return (x, k_cache, v_cache), None
+
+    (x, k_all, v_all), _ = jax.lax.scan(
+        layer_fn, (x, cache.k, cache.v),
+        (params["layers"], jnp.arange(cfg.n_layers, dtype=jnp.int32)))
+    new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=start + t)
+
+  x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+  if return_hidden:
+    return x, new_cache
+  return lm_head(params, x, cfg), new_cache
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """RoPE positions int[B, T] for a bool[B, T] token mask: 0, 1, ... over real tokens."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def cast_params(params: Params, dtype: str) -> Params:
+  """Casts every floating leaf to `dtype`."""
+  dt = _as_dtype(dtype)
+  return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      params)

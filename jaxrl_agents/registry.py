@@ -1,0 +1,73 @@
+"""Name -> function registries, so configs choose parts by string.
+
+```
+from jaxrl_agents import registry
+
+@registry.register("advantage", "grpo")
+def group_normalized_advantages(rewards, ...): ...
+
+registry.get("advantage", "grpo")(rewards)
+registry.names("advantage")
+```
+Kinds in use: "advantage", "kl", "policy_loss", "aggregation", "reward", "env", "model".
+Registration happens when the defining module is imported; `get` and `names`
+import the library's modules for the kind first, so callers never need to.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+_REGISTRY: dict[str, dict[str, Any]] = {}
+
+# Modules whose import registers the entries of each kind.
+_PROVIDERS: dict[str, tuple[str, ...]] = {
+    "model": ("jaxrl_agents.models.zoo",),
+    "advantage": ("jaxrl_agents.advantages",),
+    "kl": ("jaxrl_agents.losses",),
+    "policy_loss": ("jaxrl_agents.losses",),
+    "aggregation": ("jaxrl_agents.losses",),
+    "reward": ("jaxrl_agents.rewards",),
+    "env": ("jaxrl_agents.envs",),
+}
+
+
+def register(kind: str, name: str) -> Callable[[Any], Any]:
+  """Decorator registering `fn` under (kind, name); a name is registered once."""
+
+  def decorator(fn):
+    table = _REGISTRY.setdefault(kind, {})
+    if name in table and table[name] is not fn:
+      raise ValueError(f"{kind} {name!r} is already registered to {table[name]!r}")
+    table[name] = fn
+    return fn
+
+  return decorator
+
+
+def _load_providers(kind: str) -> None:
+  for module in _PROVIDERS.get(kind, ()):
+    try:
+      importlib.import_module(module)
+    except ModuleNotFoundError as e:
+      if e.name != module:  # a real import error inside the module
+        raise
+
+
+def get(kind: str, name: str) -> Any:
+  """The entry registered under (kind, name); a clear error lists the valid names."""
+  _load_providers(kind)
+  table = _REGISTRY.get(kind)
+  if not table:
+    raise KeyError(f"unknown kind {kind!r}; known kinds: {sorted(_REGISTRY)}")
+  if name not in table:
+    raise KeyError(f"unknown {kind} {name!r}; registered: {sorted(table)}")
+  return table[name]
+
+
+def names(kind: str) -> list[str]:
+  """Sorted registered names of a kind (empty if none)."""
+  _load_providers(kind)
+  return sorted(_REGISTRY.get(kind, {}))

@@ -1,0 +1,40 @@
+"""jaxrl_agents: JAX-native reinforcement learning of LLM agents."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="jaxrl_agents",
+    version="0.1.0",
+    description="JAX-native research codebase for reinforcement learning of LLM agents",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["jaxrl_agents", "jaxrl_agents.*", "experiments",
+                                    "experiments.*"]),
+    install_requires=[
+        "jax>=0.7,<0.11",
+        "flax>=0.11,<0.13",
+        "optax>=0.2.5,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "chex>=0.1.90,<0.2",
+        # The GGUF tokenizer conversion uses an internal transformers module
+        # (integrations.gguf.gguf_tokenizer_mapping): keep this range narrow.
+        "transformers>=5.20,<5.24",
+        "tokenizers>=0.22,<0.24",
+        "safetensors>=0.5,<0.9",
+        "gguf>=0.17,<0.20",
+        "tensorflow-datasets>=4.9.8,<4.10",
+        "grain>=0.2.12,<0.3",
+        "ml-collections>=1.0,<1.2",
+        "absl-py>=2.1,<3",
+        "tqdm>=4.66,<5",
+        "numpy>=1.26,<3",
+        "jinja2>=3.1,<4",
+    ],
+    extras_require={
+        "test": ["pytest>=8,<10", "ruff>=0.8,<0.18"],
+        # torch==2.13.0 resolves to the CPU build on the project's machines;
+        # a looser torch requirement pulls the multi-GB CUDA build.
+        "parity": ["torch==2.13.0", "accelerate>=1.0,<2"],
+    },
+)
