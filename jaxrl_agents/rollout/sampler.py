@@ -1,0 +1,258 @@
+"""Jitted batched generation with a KV cache.
+
+`generate(params, cfg, prompt_tokens, prompt_mask, rng, sampling)` prefills the
+left-padded prompts in one pass (vocabulary logits only at the last prompt
+position), then decodes one token per iteration of a `lax.while_loop` that
+stops as soon as every row has emitted a stop token or `max_new_tokens` is
+reached. The cache lives in the loop carry, so XLA updates it in place.
+
+`Sampler` is the host-side wrapper: chat templating, tokenization, shape
+bucketing (prompt length, batch, max new tokens rounded up so a run compiles a
+handful of programs) and detokenization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to pick each token. Hashable: jit specializes on it.
+
+  Attributes:
+    max_new_tokens: N, the completion buffer length.
+    temperature: 0 means greedy (argmax).
+    top_k: keep the k most likely tokens (0 = off).
+    top_p: keep the smallest set whose probability reaches top_p (1 = off).
+    min_p: keep tokens with p >= min_p * max p (0 = off).
+    stop_tokens: ids that end a completion (included in it, then masked after).
+    pad_id: written after a completion ends.
+  """
+
+  max_new_tokens: int = 64
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  min_p: float = 0.0
+  stop_tokens: tuple[int, ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if not 0 <= self.min_p < 1:
+      raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  @property
+  def modifies_distribution(self) -> bool:
+    return (self.greedy or self.temperature != 1.0 or self.top_k > 0 or self.top_p < 1.0
+            or self.min_p > 0.0)
+
+
+class SampleOutput(NamedTuple):
+  """Completions of one batch.
+
+  Attributes:
+    tokens: int32[B, N] completion tokens; pad_id after the stop token.
+    logprobs: f32[B, N] log pi(token) under the unmodified policy (temperature 1,
+      no truncation); 0 where mask is False.
+    sampling_logprobs: f32[B, N] log-probability under the distribution actually
+      sampled from (equal to `logprobs` when sampling is plain temperature 1;
+      0 for greedy, a point mass).
+    mask: bool[B, N] True for completion tokens, including the stop token.
+    lengths: int32[B] number of completion tokens.
+  """
+
+  tokens: jax.Array
+  logprobs: jax.Array
+  sampling_logprobs: jax.Array
+  mask: jax.Array
+  lengths: jax.Array
+
+
+def filter_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """Temperature, top-k, top-p and min-p applied to f32[B, V] logits.
+
+  Removed tokens get -inf. With temperature 0 this returns logits / 1 and the
+  caller takes the argmax.
+  """
+  temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+  logits = logits.astype(jnp.float32) / temperature
+  neg_inf = jnp.float32(-jnp.inf)
+  if sampling.top_k > 0:
+    k = min(sampling.top_k, logits.shape[-1])
+    kth = jax.lax.top_k(logits, k)[0][..., -1:]
+    logits = jnp.where(logits < kth, neg_inf, logits)
+  if sampling.min_p > 0.0:
+    probs = jax.nn.softmax(logits, axis=-1)
+    threshold = sampling.min_p * probs.max(axis=-1, keepdims=True)
+    logits = jnp.where(probs < threshold, neg_inf, logits)
+  if sampling.top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # Keep a token if the mass strictly before it is below top_p: the most
+    # likely token always survives.
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    keep_sorted = mass_before < sampling.top_p
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < cutoff, neg_inf, logits)
+  return logits
+
+
+def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig):
+  """Picks int32[B] tokens from f32[B, V] logits; returns (token, policy logp, sampling logp)."""
+  policy_logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  if sampling.greedy:
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    sampling_logp = jnp.zeros(token.shape, jnp.float32)
+  else:
+    filtered = filter_logits(logits, sampling)
+    token = jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+    sampling_logp = jnp.take_along_axis(
+        jax.nn.log_softmax(filtered, axis=-1), token[:, None], axis=-1)[:, 0]
+  policy_logp = jnp.take_along_axis(policy_logp_all, token[:, None], axis=-1)[:, 0]
+  if not sampling.modifies_distribution:
+    sampling_logp = policy_logp
+  return token, policy_logp, sampling_logp
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling"))
+def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
+             prompt_mask: jax.Array, rng: jax.Array, sampling: SamplingConfig,
+             max_steps: jax.Array | int | None = None) -> SampleOutput:
+  """Generates completions for left-padded prompts.
+
+  Args:
+    params: model parameters.
+    cfg: the architecture (static).
+    prompt_tokens: int32[B, Lp], left-padded.
+    prompt_mask: bool[B, Lp], True on real prompt tokens (every row needs one).
+    rng: PRNG key; results are a deterministic function of it.
+    sampling: the SamplingConfig (static).
+    max_steps: optional traced limit <= max_new_tokens, so one compiled buffer
+      size serves several completion lengths.
+
+  Returns:
+    SampleOutput with N = sampling.max_new_tokens.
+  """
+  batch, prompt_len = prompt_tokens.shape
+  n = sampling.max_new_tokens
+  cache = transformer.init_cache(cfg, batch, prompt_len + n)
+  positions = transformer.positions_from_mask(prompt_mask)
+  hidden, cache = transformer.apply(
+      params, prompt_tokens, positions, cfg, segment_ids=prompt_mask.astype(jnp.int32),
+      cache=cache, return_hidden=True)
+  logits = transformer.lm_head(params, hidden[:, -1], cfg)
+  next_position = prompt_mask.sum(axis=-1).astype(jnp.int32)
+  stop = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
+  limit = jnp.minimum(n, n if max_steps is None else max_steps)
+
+  def pick_and_record(state, logits, step):
+    rng, tokens, logp, slogp, done = state
+    rng, step_rng = jax.random.split(rng)
+    token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling)
+    live = ~done
+    token = jnp.where(live, token, sampling.pad_id)
+    tokens = tokens.at[:, step].set(token)
+    logp = logp.at[:, step].set(jnp.where(live, policy_logp, 0.0))
+    slogp = slogp.at[:, step].set(jnp.where(live, sampling_logp, 0.0))
+    done = done | jnp.isin(token, stop)
+    return (rng, tokens, logp, slogp, done), token, live
+
+  state = (rng, jnp.full((batch, n), sampling.pad_id, jnp.int32),
+           jnp.zeros((batch, n), jnp.float32), jnp.zeros((batch, n), jnp.float32),
+           jnp.zeros((batch,), bool))
+  state, token, live = pick_and_record(state, logits, 0)
+  lengths = live.astype(jnp.int32)
+
+  def cond(carry):
+    step, _, state, _, _ = carry
+    return (step < limit) & ~jnp.all(state[-1])
+
+  def body(carry):
+    step, cache, state, token, lengths = carry
+    position = (next_position + step - 1)[:, None]
+    logits, cache = transformer.apply(params, token[:, None], position, cfg, cache=cache)
+    state, token, live = pick_and_record(state, logits[:, -1], step)
+    return step + 1, cache, state, token, lengths + live.astype(jnp.int32)
+
+  _, _, state, _, lengths = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), cache, state, token, lengths))
+  _, tokens, logp, slogp, _ = state
+  mask = jnp.arange(n)[None, :] < lengths[:, None]
+  return SampleOutput(tokens=tokens, logprobs=logp, sampling_logprobs=slogp, mask=mask,
+                      lengths=lengths)
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Rounds n up to the next power of two (at least `minimum`), so shapes repeat."""
+  return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+class Sampler:
+  """Text in, text out, over the jitted `generate` with bucketed shapes."""
+
+  def __init__(self, model, chat: bool = True, system: str | None = None):
+    self.model = model
+    self.chat = chat
+    self.system = system
+    self.stop_tokens = tokenizer_lib.stop_token_ids(model.tokenizer)
+    self.pad_id = model.tokenizer.pad_token_id
+
+  def sampling_config(self, max_new_tokens: int = 64, temperature: float = 0.0,
+                      **kwargs) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature,
+                          stop_tokens=self.stop_tokens, pad_id=self.pad_id, **kwargs)
+
+  def encode(self, prompts: list[str], batch_size: int | None = None):
+    """Left-padded, bucketed int32[B, Lp] tokens and bool mask."""
+    ids = tokenizer_lib.encode_prompts(self.model.tokenizer, prompts, self.chat, self.system)
+    if any(len(s) == 0 for s in ids):
+      raise ValueError("empty prompt: every prompt needs at least one token")
+    length = bucket(max(len(s) for s in ids))
+    tokens, mask = tokenizer_lib.pad_left(ids, self.pad_id, length)
+    batch = batch_size or bucket(len(ids), minimum=1)
+    if batch > len(ids):  # pad the batch with copies of the first row
+      extra = batch - len(ids)
+      tokens = np.concatenate([tokens, np.repeat(tokens[:1], extra, 0)])
+      mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
+    return tokens, mask
+
+  def __call__(self, prompts: list[str], rng: jax.Array | None = None,
+               max_new_tokens: int = 64, temperature: float = 0.0, **kwargs):
+    """Returns (completion texts, SampleOutput for the real rows)."""
+    if max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    rng = jax.random.key(0) if rng is None else rng
+    tokens, mask = self.encode(prompts)
+    sampling = self.sampling_config(bucket(max_new_tokens), temperature, **kwargs)
+    out = generate(self.model.params, self.model.cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                   rng, sampling, max_steps=jnp.int32(max_new_tokens))
+    out = jax.tree.map(lambda x: np.asarray(x)[: len(prompts), :max_new_tokens]
+                       if x.ndim == 2 else np.asarray(x)[: len(prompts)], out)
+    texts = []
+    for row, n in zip(out.tokens, out.lengths, strict=True):
+      ids = [t for t in row[:n].tolist() if t not in self.stop_tokens]
+      texts.append(self.model.tokenizer.decode(ids, skip_special_tokens=True))
+    return texts, out

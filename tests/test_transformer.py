@@ -1,0 +1,126 @@
+"""The decoder's internal consistency: cache vs full forward, padding, packing, dtypes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_agents.models import transformer, zoo
+
+# Jitted once per (cfg, shape): eager scans compile op by op and are slower.
+_apply = jax.jit(transformer.apply, static_argnums=3, static_argnames="return_hidden")
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen2", "tiny-llama3"])
+def model(request):
+  return zoo.load(request.param)
+
+
+def _forward(params, cfg, tokens, mask=None):
+  tokens = jnp.asarray(tokens)
+  mask = jnp.ones(tokens.shape, bool) if mask is None else jnp.asarray(mask)
+  positions = transformer.positions_from_mask(mask)
+  logits, _ = _apply(params, tokens, positions, cfg, segment_ids=mask.astype(jnp.int32))
+  return np.asarray(logits)
+
+
+def test_init_shapes_and_param_count(model):
+  n = sum(x.size for x in jax.tree.leaves(model.params))
+  assert n == model.cfg.num_params
+  assert model.params["layers"]["wq"].shape == (
+      model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads * model.cfg.head_dim)
+
+
+def test_cached_decoding_matches_full_forward(model):
+  """Prefill half a sequence, then feed tokens one at a time: same logits as one pass."""
+  cfg, params = model.cfg, model.params
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, cfg.vocab_size, size=(2, 12)).astype(np.int32)
+  full = _forward(params, cfg, tokens)
+  cache = transformer.init_cache(cfg, 2, 16)
+  pos = np.broadcast_to(np.arange(12), (2, 12))
+  step_logits = []
+  logits, cache = _apply(params, jnp.asarray(tokens[:, :6]), jnp.asarray(pos[:, :6]),
+                                    cfg, cache=cache)
+  step_logits.append(np.asarray(logits))
+  for t in range(6, 12):
+    logits, cache = _apply(params, jnp.asarray(tokens[:, t:t + 1]),
+                                      jnp.asarray(pos[:, t:t + 1]), cfg, cache=cache)
+    step_logits.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(step_logits, axis=1), full, atol=2e-5, rtol=1e-5)
+  assert int(cache.index) == 12
+
+
+def test_left_padding_does_not_change_logits(model):
+  cfg, params = model.cfg, model.params
+  seq = np.arange(5, 14, dtype=np.int32)
+  alone = _forward(params, cfg, seq[None])[0]
+  padded = np.concatenate([np.zeros(4, np.int32), seq])[None]
+  mask = np.concatenate([np.zeros(4, bool), np.ones(9, bool)])[None]
+  out = _forward(params, cfg, padded, mask)[0, 4:]
+  np.testing.assert_allclose(out, alone, atol=2e-5, rtol=1e-5)
+
+
+def test_packed_segments_do_not_attend_across(model):
+  cfg, params = model.cfg, model.params
+  a = np.array([5, 6, 7, 8], np.int32)
+  b = np.array([9, 10, 11], np.int32)
+  packed = np.concatenate([a, b])[None]
+  seg = np.array([[1, 1, 1, 1, 2, 2, 2]], np.int32)
+  pos = np.array([[0, 1, 2, 3, 0, 1, 2]], np.int32)
+  logits, _ = _apply(params, jnp.asarray(packed), jnp.asarray(pos), cfg,
+                                segment_ids=jnp.asarray(seg))
+  np.testing.assert_allclose(np.asarray(logits)[0, 4:], _forward(params, cfg, b[None])[0],
+                             atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(logits)[0, :4], _forward(params, cfg, a[None])[0],
+                             atol=2e-5, rtol=1e-5)
+
+
+def test_bfloat16_compute_is_close_to_float32(tiny_model):
+  cfg, params = tiny_model.cfg, tiny_model.params
+  tokens = np.arange(3, 19, dtype=np.int32)[None]
+  f32 = _forward(params, cfg, tokens)
+  bf16 = _forward(transformer.cast_params(params, "bfloat16"),
+                  cfg.replace(dtype="bfloat16", param_dtype="bfloat16"), tokens)
+  assert bf16.dtype == np.float32  # logits stay f32
+  assert np.abs(bf16 - f32).max() < 0.05 * np.abs(f32).max()
+  assert np.abs(bf16 - f32).max() > 0  # really computed in lower precision
+
+
+def test_return_hidden_then_head_equals_logits(tiny_model):
+  cfg, params = tiny_model.cfg, tiny_model.params
+  tokens = jnp.arange(3, 11, dtype=jnp.int32)[None]
+  pos = jnp.arange(8)[None]
+  hidden, _ = _apply(params, tokens, pos, cfg, return_hidden=True)
+  assert hidden.shape == (1, 8, cfg.d_model)
+  logits, _ = _apply(params, tokens, pos, cfg)
+  np.testing.assert_allclose(transformer.lm_head(params, hidden, cfg), logits, atol=1e-5)
+
+
+def test_llama3_rope_scaling_by_hand():
+  cfg = zoo.TINY_LLAMA3
+  inv = np.asarray(transformer.rope_frequencies(cfg))
+  base = 1.0 / (cfg.rope_theta ** (np.arange(cfg.head_dim // 2) * 2 / cfg.head_dim))
+  factor, low, high, original = cfg.rope_scaling
+  wavelen = 2 * np.pi / base
+  expected = []
+  for f, w in zip(base, wavelen, strict=True):
+    if w < original / high:
+      expected.append(f)
+    elif w > original / low:
+      expected.append(f / factor)
+    else:
+      smooth = (original / w - low) / (high - low)
+      expected.append((1 - smooth) * f / factor + smooth * f)
+  np.testing.assert_allclose(inv, np.array(expected), rtol=1e-6)
+  assert not np.allclose(inv, base)  # the scaling did something at these settings
+
+
+def test_bad_shapes_raise_clear_errors(tiny_model):
+  cfg, params = tiny_model.cfg, tiny_model.params
+  with pytest.raises(ValueError, match="tokens must be int"):
+    transformer.apply(params, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32), cfg)
+  with pytest.raises(ValueError, match="positions shape"):
+    transformer.apply(params, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 3), jnp.int32), cfg)
+  with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+    cfg.replace(n_heads=5)
