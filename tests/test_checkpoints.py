@@ -91,14 +91,13 @@ def _write_gguf(path, params, cfg, arch="llama", quantize_ffn=False):
   w.add_tensor("token_embd.weight", p["embed"])
   w.add_tensor("output_norm.weight", p["final_norm"])
   if not cfg.tie_embeddings:
-    w.add_tensor("output.weight", np.ascontiguousarray(p["lm_head"].T))
+    w.add_tensor("output.weight", p["lm_head"])
   names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
            "wo": "attn_output", "mlp_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up",
            "w_down": "ffn_down"}
   for i in range(cfg.n_layers):
     for ours, theirs in names.items():
-      t = p["layers"][ours][i]
-      t = t.T if t.ndim == 2 else t
+      t = p["layers"][i][ours]
       if arch == "llama" and ours == "wq":
         t = _llama_cpp_permute(t, cfg.n_heads)
       if arch == "llama" and ours == "wk":
@@ -112,7 +111,7 @@ def _write_gguf(path, params, cfg, arch="llama", quantize_ffn=False):
         w.add_tensor(f"blk.{i}.{theirs}.weight", t)
     if cfg.qkv_bias:
       for ours, theirs in (("bq", "attn_q"), ("bk", "attn_k"), ("bv", "attn_v")):
-        w.add_tensor(f"blk.{i}.{theirs}.bias", p["layers"][ours][i])
+        w.add_tensor(f"blk.{i}.{theirs}.bias", p["layers"][i][ours])
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()
@@ -135,8 +134,8 @@ def test_gguf_quantized_tensors_are_dequantized(tmp_path):
   path = tmp_path / "q8.gguf"
   _write_gguf(path, model.params, model.cfg, quantize_ffn=True)
   params, _ = checkpoints.load_gguf(str(path))
-  w = np.asarray(model.params["layers"]["w_up"])
-  err = np.abs(params["layers"]["w_up"] - w).max()
+  w = np.asarray(model.params["layers"][0]["w_up"])
+  err = np.abs(params["layers"][0]["w_up"] - w).max()
   assert 0 < err < 0.01 * np.abs(w).max()  # Q8_0: lossy but close
   tokens = np.arange(3, 20, dtype=np.int32)[None]
   pos = np.arange(17)[None]

@@ -27,8 +27,9 @@ def _forward(params, cfg, tokens, mask=None):
 def test_init_shapes_and_param_count(model):
   n = sum(x.size for x in jax.tree.leaves(model.params))
   assert n == model.cfg.num_params
-  assert model.params["layers"]["wq"].shape == (
-      model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads * model.cfg.head_dim)
+  assert len(model.params["layers"]) == model.cfg.n_layers
+  assert model.params["layers"][0]["wq"].shape == (
+      model.cfg.n_heads * model.cfg.head_dim, model.cfg.d_model)
 
 
 def test_cached_decoding_matches_full_forward(model):

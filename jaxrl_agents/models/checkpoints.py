@@ -58,10 +58,6 @@ def _layer_keys(cfg: TransformerConfig) -> list[str]:
   return keys
 
 
-def _is_matrix(name: str) -> bool:
-  return name.startswith("w")
-
-
 # ----------------------------------------------------------------------------
 # Hugging Face directories.
 
@@ -141,15 +137,10 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
   return hf
 
 
-def _stack_layers(get, cfg: TransformerConfig, names: dict[str, str], prefix: str) -> dict:
-  layers = {}
-  for key in _layer_keys(cfg):
-    per_layer = []
-    for i in range(cfg.n_layers):
-      w = get(prefix.format(i=i) + names[key])
-      per_layer.append(w.T if _is_matrix(key) else w)
-    layers[key] = np.stack(per_layer).astype(np.float32)
-  return layers
+def _collect_layers(get, cfg: TransformerConfig, names: dict[str, str], prefix: str) -> list:
+  """Per-layer dicts; both formats store matrices [out, in], as the params do."""
+  return [{key: get(prefix.format(i=i) + names[key]) for key in _layer_keys(cfg)}
+          for i in range(cfg.n_layers)]
 
 
 def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
@@ -176,11 +167,11 @@ def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
 
   params = {
       "embed": get("model.embed_tokens.weight"),
-      "layers": _stack_layers(get, cfg, _HF_LAYER_NAMES, "model.layers.{i}."),
+      "layers": _collect_layers(get, cfg, _HF_LAYER_NAMES, "model.layers.{i}."),
       "final_norm": get("model.norm.weight"),
   }
   if not cfg.tie_embeddings:
-    params["lm_head"] = get("lm_head.weight").T.copy()
+    params["lm_head"] = get("lm_head.weight")
   return params, cfg
 
 
@@ -200,12 +191,11 @@ def save_hf_dir(params: dict, cfg: TransformerConfig, out_dir: str, tokenizer=No
       "model.embed_tokens.weight": host["embed"],
       "model.norm.weight": host["final_norm"],
   }
-  for key in _layer_keys(cfg):
-    for i in range(cfg.n_layers):
-      w = host["layers"][key][i]
-      tensors[f"model.layers.{i}.{_HF_LAYER_NAMES[key]}"] = w.T if _is_matrix(key) else w
+  for i, layer in enumerate(host["layers"]):
+    for key in _layer_keys(cfg):
+      tensors[f"model.layers.{i}.{_HF_LAYER_NAMES[key]}"] = layer[key]
   if not cfg.tie_embeddings:
-    tensors["lm_head.weight"] = host["lm_head"].T
+    tensors["lm_head.weight"] = host["lm_head"]
   tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
   save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -307,9 +297,9 @@ def load_gguf(path: str) -> tuple[dict, TransformerConfig]:
 
   params = {
       "embed": get("token_embd.weight"),
-      "layers": _stack_layers(get, cfg, _GGUF_LAYER_NAMES, "blk.{i}."),
+      "layers": _collect_layers(get, cfg, _GGUF_LAYER_NAMES, "blk.{i}."),
       "final_norm": get("output_norm.weight"),
   }
   if not cfg.tie_embeddings:
-    params["lm_head"] = get("output.weight").T.copy()
+    params["lm_head"] = get("output.weight")
   return params, cfg

@@ -4,27 +4,35 @@ Covers Llama 2/3, SmolLM2 and Qwen2: RMSNorm, rotary position embeddings (with
 the Llama-3 frequency scaling when the config asks for it), grouped-query
 attention, SwiGLU MLP, tied or untied LM head and optional q/k/v biases.
 
-Parameters are a nested dict. Per-layer weights are stacked on a leading layer
-axis ``L`` so the layers run under one ``lax.scan``: compile time does not grow
-with depth, and sharding rules see one array per weight kind.
+Parameters are a nested dict with one dict per layer, and matrices stored
+[out, in] as in PyTorch checkpoints:
 
 ```
 params = {
   "embed":      f[V, D],
-  "layers": {
-    "attn_norm": f[L, D],
-    "wq": f[L, D, H*Dh],  "wk": f[L, D, K*Dh],  "wv": f[L, D, K*Dh],
-    "bq": f[L, H*Dh],     "bk": f[L, K*Dh],     "bv": f[L, K*Dh],   # qkv_bias only
-    "wo": f[L, H*Dh, D],
-    "mlp_norm": f[L, D],
-    "w_gate": f[L, D, F], "w_up": f[L, D, F],   "w_down": f[L, F, D],
-  },
+  "layers": [                      # one dict per layer, L of them
+    {"attn_norm": f[D],
+     "wq": f[H*Dh, D], "wk": f[K*Dh, D], "wv": f[K*Dh, D],
+     "bq": f[H*Dh],    "bk": f[K*Dh],    "bv": f[K*Dh],        # qkv_bias only
+     "wo": f[D, H*Dh],
+     "mlp_norm": f[D],
+     "w_gate": f[F, D], "w_up": f[F, D], "w_down": f[D, F]},
+    ...
+  ],
   "final_norm": f[D],
-  "lm_head":    f[D, V],                                              # untied only
+  "lm_head":    f[V, D],                                        # untied only
 }
 ```
 
-The KV cache is an explicit pytree (see `init_cache`): fixed-size key/value
+Why a list of layers and not stacked arrays under `lax.scan`: on XLA:CPU a
+matmul against a slice of a stacked weight (inside scan or by static index)
+runs 3-10x slower than against a separate array, and bf16 matmuls lose their
+fast path entirely (measured in benchmarks/sampler.py's notes). The unrolled
+layer loop costs compile time, not run time. Why [out, in]: contracting the
+last axis of both operands is the faster layout for bf16 and small batches
+on this backend, and it matches Hugging Face checkpoints without transposes.
+
+The KV cache is an explicit pytree (see `init_cache`): per-layer key/value
 buffers over ``S`` slots, a per-slot validity mask and the next write slot.
 A batch moves through the cache in lockstep (left-padded prompts), so a single
 scalar write index serves every row while RoPE positions stay per token.
@@ -117,14 +125,14 @@ class KVCache(NamedTuple):
   """Decoding state. Slots are positions in the buffer, not RoPE positions.
 
   Attributes:
-    k: f[L, B, S, K, Dh] keys, already rotated.
-    v: f[L, B, S, K, Dh] values.
+    k: L arrays f[B, S, K, Dh], keys already rotated.
+    v: L arrays f[B, S, K, Dh], values.
     valid: bool[B, S] whether a slot holds a real (non-padding) token.
     index: int32[] the next slot to write; every row writes the same slots.
   """
 
-  k: jax.Array
-  v: jax.Array
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   valid: jax.Array
   index: jax.Array
 
@@ -132,28 +140,30 @@ class KVCache(NamedTuple):
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int,
                dtype: str | None = None) -> KVCache:
   """An empty cache of `max_len` slots per row, in the compute dtype by default."""
-  shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+  shape = (batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
   dt = _as_dtype(dtype or cfg.dtype)
   return KVCache(
-      k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+      k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers)),
+      v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers)),
       valid=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
 def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
   """Random parameters (clipped-normal fan-in init, unit norms)."""
   pdt = _as_dtype(cfg.param_dtype)
-  d, f, dh, nl = cfg.d_model, cfg.ffn_dim, cfg.head_dim, cfg.n_layers
+  d, f, dh = cfg.d_model, cfg.ffn_dim, cfg.head_dim
   hq, hk = cfg.n_heads * dh, cfg.n_kv_heads * dh
-  shapes = {
-      "embed": ((cfg.vocab_size, d), 1),
-      "wq": ((nl, d, hq), d), "wk": ((nl, d, hk), d), "wv": ((nl, d, hk), d),
-      "wo": ((nl, hq, d), hq),
-      "w_gate": ((nl, d, f), d), "w_up": ((nl, d, f), d), "w_down": ((nl, f, d), f),
+  per_layer = {  # name: ([out, in] shape, fan_in)
+      "wq": ((hq, d), d), "wk": ((hk, d), d), "wv": ((hk, d), d), "wo": ((d, hq), hq),
+      "w_gate": ((f, d), d), "w_up": ((f, d), d), "w_down": ((d, f), f),
   }
   if cfg.qkv_bias:
-    shapes.update(bq=((nl, hq), 2500), bk=((nl, hk), 2500), bv=((nl, hk), 2500))
+    per_layer.update(bq=((hq,), 2500), bk=((hk,), 2500), bv=((hk,), 2500))
+  shapes = {"embed": ((cfg.vocab_size, d), 1)}
+  for i in range(cfg.n_layers):
+    shapes.update({(i, name): spec for name, spec in per_layer.items()})
   if not cfg.tie_embeddings:
-    shapes["lm_head"] = ((d, cfg.vocab_size), d)
+    shapes["lm_head"] = ((cfg.vocab_size, d), d)
   # One draw sliced into every weight: a single RNG kernel compiles in a
   # fraction of the time of one per weight.
   sizes = [math.prod(shape) for shape, _ in shapes.values()]
@@ -162,9 +172,12 @@ def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
   for (name, (shape, fan_in)), size in zip(shapes.items(), sizes, strict=True):
     weights[name] = (noise[offset:offset + size].reshape(shape) / math.sqrt(fan_in)).astype(pdt)
     offset += size
-  layers = {k: weights.pop(k) for k in list(weights) if k not in ("embed", "lm_head")}
-  layers["attn_norm"] = jnp.ones((nl, d), pdt)
-  layers["mlp_norm"] = jnp.ones((nl, d), pdt)
+  layers = []
+  for i in range(cfg.n_layers):
+    layer = {name: weights[(i, name)] for name in per_layer}
+    layer["attn_norm"] = jnp.ones((d,), pdt)
+    layer["mlp_norm"] = jnp.ones((d,), pdt)
+    layers.append(layer)
   params = {"embed": weights["embed"], "layers": layers, "final_norm": jnp.ones((d,), pdt)}
   if not cfg.tie_embeddings:
     params["lm_head"] = weights["lm_head"]
@@ -209,8 +222,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-  """x @ w with inputs in the compute dtype and float32 accumulation."""
-  y = jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype),
+  """x @ w.T for w f[out, in], inputs in the compute dtype, float32 accumulation."""
+  y = jnp.einsum("...i,oi->...o", x.astype(dtype), w.astype(dtype),
                  preferred_element_type=jnp.float32)
   return y.astype(dtype)
 
@@ -262,8 +275,8 @@ def _qkv(h, layer, positions, inv_freq, cfg, dtype):
 def lm_head(params: Params, hidden: jax.Array, cfg: TransformerConfig) -> jax.Array:
   """Vocabulary logits f32[..., V] from final hidden states f[..., D]."""
   dtype = _as_dtype(cfg.dtype)
-  w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-  return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w.astype(dtype),
+  w = params["embed"] if cfg.tie_embeddings else params["lm_head"]
+  return jnp.einsum("...d,vd->...v", hidden.astype(dtype), w.astype(dtype),
                     preferred_element_type=jnp.float32)
 
 
@@ -317,49 +330,51 @@ def apply(
   x = params["embed"][tokens].astype(dtype)
   token_valid = segment_ids != 0
 
+  if len(params["layers"]) != cfg.n_layers:
+    raise ValueError(f"params have {len(params['layers'])} layers, config says {cfg.n_layers}")
+
+  def block(x, layer, k_fn):
+    """One pre-norm decoder layer; k_fn(k, v) -> (keys, values, allowed) to attend over."""
+    h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+    q, k, v = _qkv(h, layer, positions, inv_freq, cfg, dtype)
+    keys, values, allowed = k_fn(k, v)
+    x = x + _dense(_attention(q, keys, values, allowed, cfg), layer["wo"], dtype)
+    return x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
+
   if cache is None:
     causal = jnp.tril(jnp.ones((t, t), bool))
     allowed = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
                & token_valid[:, None, :])
-
-    def layer_fn(x, layer):
-      h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-      q, k, v = _qkv(h, layer, positions, inv_freq, cfg, dtype)
-      x = x + _dense(_attention(q, k, v, allowed, cfg), layer["wo"], dtype)
-      x = x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
-      return x, None
-
-    x, _ = jax.lax.scan(layer_fn, x, params["layers"])
+    for layer in params["layers"]:
+      x = block(x, layer, lambda k, v: (k, v, allowed))
     new_cache = None
   else:
-    max_len = cache.k.shape[2]
-    if cache.k.shape[1] != b:
-      raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}")
+    max_len = cache.valid.shape[1]
+    if cache.valid.shape[0] != b:
+      raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {b}")
     start = cache.index
     valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
     query_slot = start + jnp.arange(t)
     allowed = (jnp.arange(max_len)[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+    zero = jnp.zeros((), jnp.int32)
+    new_k, new_v = [], []
 
-    # The whole cache rides in the scan carry and each layer updates its slice
-    # in place, so XLA never copies the buffers (donate them at the jit boundary).
-    def layer_fn(carry, xs):
-      x, k_cache, v_cache = carry
-      layer, i = xs
-      h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-      q, k, v = _qkv(h, layer, positions, inv_freq, cfg, dtype)
-      zero = jnp.zeros((), jnp.int32)
-      k_cache = jax.lax.dynamic_update_slice(
-          k_cache, k[None].astype(k_cache.dtype), (i, zero, start, zero, zero))
-      v_cache = jax.lax.dynamic_update_slice(
-          v_cache, v[None].astype(v_cache.dtype), (i, zero, start, zero, zero))
-      x = x + _dense(_attention(q, k_cache[i], v_cache[i], allowed, cfg), layer["wo"], dtype)
-      x = x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
-      return (x, k_cache, v_cache), None
+    def write(i):
+      def k_fn(k, v):
+        # Each layer's buffer is its own array, updated in place (donate the
+        # cache at the jit boundary, or carry it through a while_loop).
+        keys = jax.lax.dynamic_update_slice(
+            cache.k[i], k.astype(cache.k[i].dtype), (zero, start, zero, zero))
+        values = jax.lax.dynamic_update_slice(
+            cache.v[i], v.astype(cache.v[i].dtype), (zero, start, zero, zero))
+        new_k.append(keys)
+        new_v.append(values)
+        return keys, values, allowed
+      return k_fn
 
-    (x, k_all, v_all), _ = jax.lax.scan(
-        layer_fn, (x, cache.k, cache.v),
-        (params["layers"], jnp.arange(cfg.n_layers, dtype=jnp.int32)))
-    new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=start + t)
+    for i, layer in enumerate(params["layers"]):
+      x = block(x, layer, write(i))
+    new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=start + t)
 
   x = rms_norm(x, params["final_norm"], cfg.norm_eps)
   if return_hidden:

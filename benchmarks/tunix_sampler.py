@@ -1,0 +1,97 @@
+"""tunix's Sampler on SmolLM2 weights, run inside benchmarks/.venv-tunix.
+
+Called by benchmarks/sampler.py (not a project dependency):
+
+  benchmarks/.venv-tunix/bin/python benchmarks/tunix_sampler.py --hf-dir DIR \
+      --prompts prompts.json --batch-sizes 1,8,32 --dtypes float32,bfloat16
+
+Prints one JSON object on its last line. tunix 0.1.7's llama3 attention calls
+`apply_rope` without the config's rope_theta (it always uses 1e6), while
+SmolLM2 uses 1e5; `--patch-rope` rebinds the module's apply_rope with the
+right theta (the one-line fix) so the text can be compared both ways.
+"""
+
+import argparse
+import functools
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def build(hf_dir, dtype, patch_rope):
+  from transformers import AutoTokenizer
+  from tunix.generate import sampler as sampler_lib
+  from tunix.models.llama3 import model as model_lib
+  from tunix.models.llama3 import params as params_lib
+
+  with open(f"{hf_dir}/config.json") as f:
+    hf = json.load(f)
+  cfg = model_lib.ModelConfig(
+      num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
+      embed_dim=hf["hidden_size"], hidden_dim=hf["intermediate_size"],
+      num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],
+      num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf["rope_theta"]),
+      norm_eps=hf["rms_norm_eps"], weight_tying=hf["tie_word_embeddings"])
+  if patch_rope:
+    if not hasattr(model_lib, "_original_apply_rope"):
+      model_lib._original_apply_rope = model_lib.apply_rope
+    model_lib.apply_rope = functools.partial(model_lib._original_apply_rope,
+                                             rope_theta=cfg.rope_theta)
+  elif hasattr(model_lib, "_original_apply_rope"):
+    model_lib.apply_rope = model_lib._original_apply_rope
+  model = params_lib.create_model_from_safe_tensors(hf_dir, cfg, dtype=dtype)
+  tok = AutoTokenizer.from_pretrained(hf_dir)
+  cache = sampler_lib.CacheConfig(cache_size=256, num_layers=cfg.num_layers,
+                                  num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+  return sampler_lib.Sampler(transformer=model, tokenizer=tok, cache_config=cache)
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--hf-dir", required=True)
+  p.add_argument("--prompts", required=True, help="JSON list of chat-rendered prompt strings")
+  p.add_argument("--batch-sizes", default="1,8,32")
+  p.add_argument("--dtypes", default="float32,bfloat16")
+  p.add_argument("--new-tokens", type=int, default=64)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--text-prompts", type=int, default=8,
+                 help="greedy texts returned (stopping at EOS) for the agreement check")
+  args = p.parse_args()
+  with open(args.prompts) as f:
+    prompts = json.load(f)
+  result = {"tok_s": {}, "compile_s": {}, "texts": {}}
+  for dtype_name in args.dtypes.split(","):
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype_name]
+    sampler = build(args.hf_dir, dtype, patch_rope=False)
+    for bs in [int(b) for b in args.batch_sizes.split(",")]:
+      batch = prompts[:bs]
+      run = lambda batch=batch, sampler=sampler: sampler(
+          batch, max_generation_steps=args.new_tokens, max_prompt_length=64,
+          eos_tokens=[-1], temperature=0.0)  # eos -1: never stop, always 64 tokens
+      start = time.perf_counter()
+      run()
+      first = time.perf_counter() - start
+      times = []
+      for _ in range(args.repeats):
+        start = time.perf_counter()
+        out = run()
+        jax.block_until_ready(out.tokens) if hasattr(out, "tokens") else None
+        times.append(time.perf_counter() - start)
+      best = min(times)
+      result["tok_s"][f"{dtype_name}_bs{bs}"] = bs * args.new_tokens / best
+      result["compile_s"][f"{dtype_name}_bs{bs}"] = max(first - best, 0.0)
+      print(f"tunix {dtype_name} bs={bs}: {bs * args.new_tokens / best:.1f} tok/s "
+            f"(best {best:.2f}s, first call {first:.1f}s)", flush=True)
+  n = args.text_prompts
+  for patched in (False, True):
+    sampler = build(args.hf_dir, jnp.float32, patch_rope=patched)
+    out = sampler(prompts[:n], max_generation_steps=args.new_tokens, max_prompt_length=64,
+                  temperature=0.0)
+    result["texts"]["patched" if patched else "unpatched"] = list(out.text)
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()
