@@ -60,3 +60,131 @@ def test_sampler_wrapper_text_round_trip(tiny_model):
   assert len(texts) == 2 and out.tokens.shape == (2, 6)
   with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
     sampler(["x"], max_new_tokens=0)
+
+
+def _first_token_logits(params, cfg, prompt):
+  logits, _ = _apply(params, jnp.asarray([prompt], jnp.int32), jnp.arange(len(prompt))[None], cfg)
+  return np.asarray(logits[0, -1], np.float64)
+
+
+def _sample_first_tokens(model, prompt, n, sampling, seed=0):
+  tokens = jnp.asarray(np.tile(np.asarray(prompt, np.int32), (n, 1)))
+  mask = jnp.ones(tokens.shape, bool)
+  out = sampler_lib.generate(model.params, model.cfg, tokens, mask, jax.random.key(seed), sampling)
+  return np.asarray(out.tokens[:, 0]), out
+
+
+def test_sampled_frequencies_match_softmax(tiny_model):
+  """Chi-square goodness of fit of 4000 temperature-0.7 draws against softmax(logits / 0.7)."""
+  from scipy import stats
+  prompt = [5, 9, 14, 20]
+  temperature = 0.7
+  logits = _first_token_logits(tiny_model.params, tiny_model.cfg, prompt) / temperature
+  probs = np.exp(logits - logits.max())
+  probs /= probs.sum()
+  n = 4000
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=1, temperature=temperature)
+  draws, _ = _sample_first_tokens(tiny_model, prompt, n, sampling)
+  counts = np.bincount(draws, minlength=len(probs))
+  big = probs * n >= 5  # chi-square needs expected counts >= 5: pool the rest
+  observed = np.append(counts[big], counts[~big].sum())
+  expected = np.append(probs[big] * n, probs[~big].sum() * n)
+  assert big.sum() >= 10  # a real multi-token distribution, not a near-point mass
+  p_value = stats.chisquare(observed, expected).pvalue
+  assert p_value > 1e-3, p_value
+  # And the test has power: the same draws reject the temperature-1 distribution.
+  wrong = np.exp(logits * temperature - (logits * temperature).max())
+  wrong /= wrong.sum()
+  wrong_expected = np.append(wrong[big] * n, wrong[~big].sum() * n)
+  assert stats.chisquare(observed, wrong_expected * n / wrong_expected.sum()).pvalue < 1e-6
+
+
+def _allowed(logits, top_k=0, top_p=1.0, min_p=0.0):
+  """Independent numpy statement of which tokens each filter keeps."""
+  probs = np.exp(logits - logits.max())
+  probs /= probs.sum()
+  keep = np.ones_like(probs, bool)
+  if top_k:
+    keep &= logits >= np.sort(logits)[-top_k]
+  if min_p:
+    keep &= probs >= min_p * probs.max()
+  if top_p < 1.0:
+    p = np.where(keep, probs, 0.0)
+    p /= p.sum()
+    order = np.argsort(-p)
+    cum = np.cumsum(p[order])
+    n_keep = int(np.searchsorted(cum, top_p) + 1)  # smallest prefix reaching top_p
+    nucleus = np.zeros_like(keep)
+    nucleus[order[:n_keep]] = True
+    keep &= nucleus
+  return keep
+
+
+@pytest.mark.parametrize("filters", [{"top_k": 5}, {"top_p": 0.6}, {"min_p": 0.2},
+                                     {"top_k": 8, "top_p": 0.8, "min_p": 0.05}])
+def test_truncation_never_samples_outside_the_allowed_set(tiny_model, filters):
+  prompt = [7, 3, 11]
+  logits = _first_token_logits(tiny_model.params, tiny_model.cfg, prompt)
+  keep = _allowed(logits, **filters)
+  assert 1 < keep.sum() < len(keep)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=1, temperature=1.0, **filters)
+  draws, out = _sample_first_tokens(tiny_model, prompt, 2000, sampling, seed=1)
+  assert keep[draws].all()
+  assert len(set(draws.tolist())) > 1
+  # The sampling logprob is the renormalized probability within the allowed set.
+  p = np.where(keep, np.exp(logits - logits.max()), 0.0)
+  p /= p.sum()
+  np.testing.assert_allclose(np.asarray(out.sampling_logprobs[:, 0]), np.log(p[draws]),
+                             atol=1e-4)
+
+
+def test_logprobs_equal_full_forward_logprobs(tiny_model):
+  params, cfg = tiny_model.params, tiny_model.cfg
+  prompts = [[5, 9, 14, 20, 31], [7, 3]]
+  tokens, mask = tokenizer_lib.pad_left(prompts, pad_id=0, length=8)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=12, temperature=1.0, stop_tokens=(),
+                                        pad_id=0)
+  out = sampler_lib.generate(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                             jax.random.key(3), sampling)
+  np.testing.assert_array_equal(out.logprobs, out.sampling_logprobs)  # plain sampling
+  for i, prompt in enumerate(prompts):
+    completion = np.asarray(out.tokens[i]).tolist()
+    seq = prompt + completion
+    logits, _ = _apply(params, jnp.asarray([seq]), jnp.arange(len(seq))[None], cfg)
+    logp = jax.nn.log_softmax(logits[0], axis=-1)
+    expected = [float(logp[len(prompt) - 1 + t, tok]) for t, tok in enumerate(completion)]
+    np.testing.assert_allclose(np.asarray(out.logprobs[i]), expected, atol=2e-5)
+
+
+def test_padded_batch_equals_each_prompt_alone(tiny_model):
+  params, cfg = tiny_model.params, tiny_model.cfg
+  prompts = [[5, 9, 14, 20, 31, 40, 41], [7, 3], [100, 101, 102, 103]]
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=8, stop_tokens=(), pad_id=0)
+  tokens, mask = tokenizer_lib.pad_left(prompts, pad_id=0, length=16)
+  batch = sampler_lib.generate(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                               jax.random.key(0), sampling)
+  for i, prompt in enumerate(prompts):
+    t, m = tokenizer_lib.pad_left([prompt], pad_id=0)
+    alone = sampler_lib.generate(params, cfg, jnp.asarray(t), jnp.asarray(m), jax.random.key(0),
+                                 sampling)
+    assert np.asarray(batch.tokens[i]).tolist() == np.asarray(alone.tokens[0]).tolist()
+    np.testing.assert_allclose(batch.logprobs[i], alone.logprobs[0], atol=2e-5)
+
+
+def test_deterministic_given_the_key(tiny_model):
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=6, temperature=1.0)
+  _, a = _sample_first_tokens(tiny_model, [5, 6, 7], 4, sampling, seed=11)
+  _, b = _sample_first_tokens(tiny_model, [5, 6, 7], 4, sampling, seed=11)
+  _, c = _sample_first_tokens(tiny_model, [5, 6, 7], 4, sampling, seed=12)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+
+
+def test_same_bucket_does_not_recompile(tiny_model):
+  sampler = sampler_lib.Sampler(tiny_model, chat=True)
+  sampler(["first prompt", "second"], max_new_tokens=5)
+  compiled = sampler_lib.generate._cache_size()
+  sampler(["a different prompt", "and another one"], max_new_tokens=7)  # same buckets
+  assert sampler_lib.generate._cache_size() == compiled
+  sampler(["x" * 100], max_new_tokens=5)  # a longer prompt bucket compiles once more
+  assert sampler_lib.generate._cache_size() == compiled + 1

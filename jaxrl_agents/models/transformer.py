@@ -159,7 +159,9 @@ def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
   }
   if cfg.qkv_bias:
     per_layer.update(bq=((hq,), 2500), bk=((hk,), 2500), bv=((hk,), 2500))
-  shapes = {"embed": ((cfg.vocab_size, d), 1)}
+  # Embedding std 1/sqrt(D): with a tied head the initial logits have unit scale,
+  # so a random model samples from a spread-out distribution.
+  shapes = {"embed": ((cfg.vocab_size, d), d)}
   for i in range(cfg.n_layers):
     shapes.update({(i, name): spec for name, spec in per_layer.items()})
   if not cfg.tie_embeddings:
