@@ -9,7 +9,8 @@ def group_normalized_advantages(rewards, ...): ...
 registry.get("advantage", "grpo")(rewards)
 registry.names("advantage")
 ```
-Kinds in use: "advantage", "kl", "policy_loss", "aggregation", "reward", "env", "model".
+Kinds in use: "advantage", "kl", "policy_loss", "aggregation", "preference_loss", "reward",
+"env", "model".
 Registration happens when the defining module is imported; `get` and `names`
 import the library's modules for the kind first, so callers never need to.
 """
@@ -29,6 +30,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
     "kl": ("jaxrl_agents.losses",),
     "policy_loss": ("jaxrl_agents.losses",),
     "aggregation": ("jaxrl_agents.losses",),
+    "preference_loss": ("jaxrl_agents.losses",),
     "reward": ("jaxrl_agents.rewards",),
     "env": ("jaxrl_agents.envs",),
 }
