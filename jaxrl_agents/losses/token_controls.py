@@ -41,12 +41,12 @@ def _valid_count(mask: jax.Array, per_sequence: bool) -> jax.Array:
 
 
 def covariance_clip_mask(
-    logp: jax.Array,
-    advantages: jax.Array,
-    mask: jax.Array,
-    frac: float,
-    *,
-    per_sequence: bool = False,
+  logp: jax.Array,
+  advantages: jax.Array,
+  mask: jax.Array,
+  frac: float,
+  *,
+  per_sequence: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Drops the tokens with the highest log-probability/advantage covariance.
 
@@ -95,21 +95,21 @@ def covariance_clip_mask(
   new_mask = m & ~dropped
   total_dropped = dropped.sum()
   metrics = {
-      "num_dropped": total_dropped,
-      "dropped_frac": total_dropped / n,
-      "cov_mean": cov.sum() / n,
-      "cov_threshold": jnp.min(jnp.where(dropped, cov, jnp.inf), initial=jnp.inf),
+    "num_dropped": total_dropped,
+    "dropped_frac": total_dropped / n,
+    "cov_mean": cov.sum() / n,
+    "cov_threshold": jnp.min(jnp.where(dropped, cov, jnp.inf), initial=jnp.inf),
   }
   metrics["cov_threshold"] = jnp.where(total_dropped > 0, metrics["cov_threshold"], -jnp.inf)
   return new_mask, metrics
 
 
 def entropy_gate_mask(
-    entropy: jax.Array,
-    mask: jax.Array,
-    top_frac: float,
-    *,
-    per_sequence: bool = False,
+  entropy: jax.Array,
+  mask: jax.Array,
+  top_frac: float,
+  *,
+  per_sequence: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Keeps only the highest-entropy fraction of valid tokens.
 
@@ -145,9 +145,9 @@ def entropy_gate_mask(
   kept = new_mask.sum()
   n = jnp.maximum(m.sum(), 1)
   metrics = {
-      "num_kept": kept,
-      "kept_frac": kept / n,
-      "entropy_threshold": jnp.min(jnp.where(new_mask, entropy, jnp.inf), initial=jnp.inf),
-      "kept_entropy_mean": jnp.where(new_mask, entropy, 0.0).sum() / jnp.maximum(kept, 1),
+    "num_kept": kept,
+    "kept_frac": kept / n,
+    "entropy_threshold": jnp.min(jnp.where(new_mask, entropy, jnp.inf), initial=jnp.inf),
+    "kept_entropy_mean": jnp.where(new_mask, entropy, 0.0).sum() / jnp.maximum(kept, 1),
   }
   return new_mask, metrics
