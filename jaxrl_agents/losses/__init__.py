@@ -11,6 +11,7 @@ from jaxrl_agents.losses import (
     kl_control,
     policy_gradient,
     preference,
+    token_controls,
     value,
 )
 from jaxrl_agents.losses.aggregation import aggregate, masked_max, masked_mean
@@ -44,6 +45,7 @@ from jaxrl_agents.losses.preference import (
     sft_nll,
     spo_win_rate_rewards,
 )
+from jaxrl_agents.losses.token_controls import covariance_clip_mask, entropy_gate_mask
 from jaxrl_agents.losses.value import clipped_value_loss
 
 __all__ = [
@@ -57,11 +59,13 @@ __all__ = [
     "bradley_terry_loss",
     "cispo_loss",
     "clipped_value_loss",
+    "covariance_clip_mask",
     "cpl_loss",
     "dpo_loss",
     "entropy",
     "entropy_bonus",
     "entropy_from_logits",
+    "entropy_gate_mask",
     "fixed_kl_controller",
     "forward_kl_from_logits",
     "gspo_loss",
@@ -85,5 +89,6 @@ __all__ = [
     "rpo_loss",
     "sft_nll",
     "spo_win_rate_rewards",
+    "token_controls",
     "value",
 ]
