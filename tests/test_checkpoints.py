@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import gguf
 import jax
@@ -155,3 +156,28 @@ def test_export_cli_round_trip(tmp_path):
   params, cfg = checkpoints.load_hf_dir(str(out))
   assert cfg == zoo.TINY_LLAMA3
   _assert_trees_close(params, zoo.load("tiny-llama3").params)
+
+
+def test_bad_weights_name_the_file_and_the_problem(tmp_path, tiny_model):
+  good = tmp_path / "good"
+  checkpoints.save_hf_dir(tiny_model.params, tiny_model.cfg, str(good),
+                          tokenizer=tiny_model.tokenizer)
+  # A config whose hidden size disagrees with the weights.
+  bad = tmp_path / "bad_shape"
+  shutil.copytree(good, bad)
+  cfg = json.loads((bad / "config.json").read_text())
+  cfg["intermediate_size"] = cfg["intermediate_size"] * 2
+  (bad / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"bad_shape: weight .*w_(gate|up|down).* has shape"):
+    zoo.load(str(bad))
+  # A truncated safetensors file.
+  corrupt = tmp_path / "corrupt"
+  shutil.copytree(good, corrupt)
+  weights = corrupt / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:100])
+  with pytest.raises(ValueError, match=r"cannot read .*model.safetensors"):
+    zoo.load(str(corrupt))
+  gguf_file = tmp_path / "broken.gguf"
+  gguf_file.write_bytes(b"not a gguf file at all")
+  with pytest.raises(ValueError, match=r"cannot read GGUF file .*broken.gguf"):
+    checkpoints.load_gguf(str(gguf_file))

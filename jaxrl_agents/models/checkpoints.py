@@ -143,6 +143,28 @@ def _collect_layers(get, cfg: TransformerConfig, names: dict[str, str], prefix: 
           for i in range(cfg.n_layers)]
 
 
+def check_params(params: dict, cfg: TransformerConfig, source: str = "params") -> None:
+  """Raises ValueError naming `source`, the weight and both shapes on any mismatch with `cfg`."""
+  import jax
+
+  from jaxrl_agents.models import transformer
+
+  expected = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
+  if len(params.get("layers", [])) != cfg.n_layers:
+    raise ValueError(f"{source}: {len(params.get('layers', []))} layers, but the config has "
+                     f"{cfg.n_layers}")
+  flat_expected = dict(jax.tree_util.tree_leaves_with_path(expected))
+  flat_actual = dict(jax.tree_util.tree_leaves_with_path(params))
+  for path, want in flat_expected.items():
+    name = jax.tree_util.keystr(path)
+    if path not in flat_actual:
+      raise ValueError(f"{source}: weight {name} is missing")
+    got = tuple(np.shape(flat_actual[path]))
+    if got != tuple(want.shape):
+      raise ValueError(f"{source}: weight {name} has shape {got}, but the config implies "
+                       f"{tuple(want.shape)}")
+
+
 def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
   """Loads config.json and *.safetensors from a Hugging Face model directory."""
   from safetensors.numpy import load_file
@@ -157,8 +179,11 @@ def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
     raise FileNotFoundError(f"no *.safetensors weights in {path!r}")
   tensors: dict[str, np.ndarray] = {}
   for name in files:
-    for key, value in load_file(os.path.join(path, name)).items():
-      tensors[key] = value
+    try:
+      loaded = load_file(os.path.join(path, name))
+    except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
+      raise ValueError(f"cannot read {os.path.join(path, name)!r}: {e}") from e
+    tensors.update(loaded)
 
   def get(name):
     if name not in tensors:
@@ -172,6 +197,7 @@ def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
   }
   if not cfg.tie_embeddings:
     params["lm_head"] = get("lm_head.weight")
+  check_params(params, cfg, path)
   return params, cfg
 
 
@@ -273,7 +299,10 @@ def load_gguf(path: str) -> tuple[dict, TransformerConfig]:
 
   if not os.path.isfile(path):
     raise FileNotFoundError(f"GGUF file not found: {path!r}")
-  reader = gguf.GGUFReader(path)
+  try:
+    reader = gguf.GGUFReader(path)
+  except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
+    raise ValueError(f"cannot read GGUF file {path!r}: {e}") from e
   tensors = {t.name: t for t in reader.tensors}
   meta = read_gguf_metadata(reader)
   if meta.get("general.architecture") == "llama" and "llama.vocab_size" not in meta:
@@ -302,4 +331,5 @@ def load_gguf(path: str) -> tuple[dict, TransformerConfig]:
   }
   if not cfg.tie_embeddings:
     params["lm_head"] = get("output.weight")
+  check_params(params, cfg, path)
   return params, cfg
