@@ -28,6 +28,7 @@ setup(
         "ml-collections>=1.0,<1.2",
         "absl-py>=2.1,<3",
         "tqdm>=4.66,<5",
+        "tensorboardX>=2.6,<3",
         "numpy>=1.26,<3",
         "jinja2>=3.1,<4",
     ],

@@ -1,8 +1,11 @@
 """Export a model as a Hugging Face directory that transformers and vLLM load.
 
   python -m jaxrl_agents.export --model smollm2-135m-instruct --out /tmp/smollm2_hf
+  python -m jaxrl_agents.export --workdir runs/grpo_arithmetic --out /tmp/trained_hf
 
-Writes config.json, model.safetensors (float32) and the tokenizer files.
+Writes config.json, model.safetensors (float32) and the tokenizer files. With
+--workdir, the policy comes from the training run's latest readable checkpoint
+and the architecture and tokenizer from the run's model (its config.json).
 """
 
 from __future__ import annotations
@@ -12,14 +15,17 @@ import logging
 import os
 import sys
 
+from jaxrl_agents import checkpointing
 from jaxrl_agents.models import checkpoints, zoo
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="python -m jaxrl_agents.export", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--model", default=zoo.DEFAULT_MODEL,
-                 help="preset name, Hugging Face directory or .gguf file")
+  p.add_argument("--model", default=None,
+                 help="preset name, Hugging Face directory or .gguf file (default: the run's "
+                      f"model with --workdir, else {zoo.DEFAULT_MODEL})")
+  p.add_argument("--workdir", default=None, help="a training run directory to export from")
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   return p.parse_args(argv)
@@ -31,9 +37,17 @@ def main(argv=None) -> int:
                       format="%(asctime)s %(levelname)s %(message)s")
   if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
     raise SystemExit(f"--out {args.out!r} exists and is not empty; pass --overwrite")
-  model = zoo.load(args.model)
+  if args.workdir:
+    params, meta, step = checkpointing.latest_policy_params(args.workdir)
+    model = zoo.load(args.model or meta["config"]["model"])
+    checkpoints.check_params(params, model.cfg)
+    model.params = params
+    source = f"{args.workdir} (step {step})"
+  else:
+    model = zoo.load(args.model or zoo.DEFAULT_MODEL)
+    source = model.name
   checkpoints.save_hf_dir(model.params, model.cfg, args.out, tokenizer=model.tokenizer)
-  logging.info("wrote %s as a Hugging Face directory to %s", model.name, args.out)
+  logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
   return 0
 
 

@@ -1,0 +1,78 @@
+"""What every RL experiment script needs: config checks, model, data, rewards, logging."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import numpy as np
+
+from jaxrl_agents import data as data_lib
+from jaxrl_agents import registry, rl_loop
+from jaxrl_agents import rewards as rewards_lib
+from jaxrl_agents.models import zoo
+
+
+def setup_logging() -> None:
+  """INFO logs on stderr (stdout stays free for results); quiet third-party loggers."""
+  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  for noisy in ("absl", "orbax", "jax._src", "tensorflow_datasets", "grain"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def validate_common(config) -> None:
+  """Checks names and sizes shared by all RL experiments before anything loads or compiles."""
+  for name in config.rewards:
+    registry.get("reward", name)
+  registry.get("reward", config.grader)
+  if config.model not in zoo.names() and not config.model.endswith((".gguf",)):
+    import os
+
+    if not os.path.isdir(config.model):
+      raise ValueError(f"unknown model {config.model!r}: not a preset ({', '.join(zoo.names())})"
+                       ", a Hugging Face directory or a .gguf file")
+  if not config.task and not config.jsonl_path:
+    raise ValueError("set config.task (a registered task) or config.jsonl_path")
+  for key in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
+              "minibatches", "checkpoint_every", "keep_checkpoints"):
+    if config[key] < 1:
+      raise ValueError(f"config.{key} must be >= 1, got {config[key]}")
+  batch = config.prompts_per_step * config.group_size
+  if batch % config.minibatches:
+    raise ValueError(f"prompts_per_step * group_size = {batch} is not divisible by "
+                     f"minibatches = {config.minibatches}")
+
+
+def load_model(config) -> zoo.Model:
+  return zoo.load(config.model, dtype=config.dtype)
+
+
+def task_examples(config):
+  """(train source, held-out examples) for the configured task or JSONL file."""
+  if config.jsonl_path:
+    examples = data_lib.load_jsonl(config.jsonl_path)
+    return examples, examples[: config.eval_size]
+  train = data_lib.load_task(config.task, "train")
+  held_out = data_lib.load_task(config.task, config.eval_split)
+  n = min(config.eval_size, len(held_out))
+  return train, [held_out[i] for i in range(n)]
+
+
+def make_rewards(config):
+  """(reward_fn -> (total, components), grader -> f32[B])."""
+  reward_fn = rewards_lib.from_config(dict(config.rewards))
+  grade = registry.get("reward", config.grader)
+  return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
+
+
+def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: bool = True
+                   ) -> dict:
+  """Data and rewards from the config, then `rl_loop.run`."""
+  train_source, eval_examples = task_examples(config)
+  loader = data_lib.make_loader(train_source, batch_size=config.prompts_per_step,
+                                seed=config.seed)
+  reward_fn, grader = make_rewards(config)
+  return rl_loop.run(config, workdir, algorithm, model, train_data=loader,
+                     eval_examples=eval_examples, reward_fn=reward_fn, grader=grader,
+                     progress=progress)

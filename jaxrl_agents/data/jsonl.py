@@ -1,0 +1,66 @@
+"""Prompt files in JSON Lines: one JSON object per line, with a prompt and an answer.
+
+```
+{"prompt": "What is 2 + 3?", "answer": "5"}
+{"prompt": "Name the capital of France.", "answer": "Paris", "source": "geo"}
+```
+`load_jsonl` validates every row up front and names the file and line of the
+first bad one, so a typo fails at startup rather than hours into a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
+               answer_field: str = "answer") -> list[dict[str, Any]]:
+  """Reads a JSONL prompt file into a list of row dicts.
+
+  Blank lines are skipped. Rows keep all their fields, unchanged (callers index
+  them with the same `prompt_field` / `answer_field` names).
+
+  Args:
+    path: the .jsonl file (UTF-8).
+    prompt_field: key every row must hold, with a string value.
+    answer_field: key every row must hold, with any non-null value (a string,
+      a number, or a list of accepted answers: the reward function decides).
+
+  Returns:
+    The rows, in file order; at least one.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: the file has no rows, or a line is not UTF-8, not valid JSON, not
+      an object, lacks a field or has a non-string prompt; the message names the
+      file and the 1-based line number.
+  """
+  path = os.fspath(path)
+  rows: list[dict[str, Any]] = []
+  with open(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      where = f"{path}:{line_number}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 ({e})") from e
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+      if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+      for field in (prompt_field, answer_field):
+        if row.get(field) is None:
+          raise ValueError(f"{where}: missing field {field!r} (fields: {sorted(row)})")
+      if not isinstance(row[prompt_field], str):
+        raise ValueError(f"{where}: field {prompt_field!r} must be a string, got "
+                         f"{type(row[prompt_field]).__name__}")
+      rows.append(row)
+  if not rows:
+    raise ValueError(f"{path}: no rows (the file is empty or blank)")
+  return rows

@@ -1,0 +1,98 @@
+"""The optimizer of the RL experiments: AdamW, warm-up + decay, clipping, non-finite skipping."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+def learning_rate_schedule(
+    learning_rate: float, total_updates: int, warmup_updates: int = 0,
+    decay: str = "constant", end_fraction: float = 0.0
+) -> optax.Schedule:
+  """Linear warm-up from 0 to `learning_rate`, then constant, cosine or linear decay.
+
+  Args:
+    learning_rate: the peak rate.
+    total_updates: optimizer updates in the whole run (steps x epochs x minibatches).
+    warmup_updates: updates of linear warm-up.
+    decay: one of SCHEDULES.
+    end_fraction: final rate / peak rate for the decaying schedules.
+  """
+  if decay not in SCHEDULES:
+    raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
+  if learning_rate <= 0:
+    raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+  warmup_updates = max(0, min(warmup_updates, total_updates))
+  rest = max(1, total_updates - warmup_updates)
+  if decay == "constant":
+    after = optax.constant_schedule(learning_rate)
+  elif decay == "cosine":
+    after = optax.cosine_decay_schedule(learning_rate, rest, alpha=end_fraction)
+  else:
+    after = optax.linear_schedule(learning_rate, learning_rate * end_fraction, rest)
+  if warmup_updates == 0:
+    return after
+  warmup = optax.linear_schedule(0.0, learning_rate, warmup_updates)
+  return optax.join_schedules([warmup, after], [warmup_updates])
+
+
+def make_optimizer(
+    *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
+    decay: str = "constant", end_fraction: float = 0.0, weight_decay: float = 0.0,
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, grad_clip: float | None = 1.0
+) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping, wrapped in `optax.apply_if_finite`.
+
+  A non-finite gradient leaves params and moments untouched and is counted in
+  the state (`notfinite_count`, `total_notfinite`), which the trainer reads to
+  log skips and to stop the run after several in a row. optax would apply the
+  update after `max_consecutive_errors` skips; that limit is set out of reach
+  so a non-finite update is never applied.
+  """
+  schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates, decay,
+                                    end_fraction)
+  parts = []
+  if grad_clip:
+    parts.append(optax.clip_by_global_norm(grad_clip))
+  parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+  return optax.apply_if_finite(optax.chain(*parts), max_consecutive_errors=2**30)
+
+
+def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_state, batch,
+                      rng: jax.Array, *, epochs: int, minibatches: int):
+  """`epochs` shuffled passes of `minibatches` optimizer updates over `batch`, in one lax.scan.
+
+  Args:
+    loss_fn: (params, minibatch) -> (loss, metrics dict).
+    tx: the optimizer.
+    params, opt_state: the trainable params and their optimizer state.
+    batch: a pytree whose leaves all have the batch size as leading axis.
+    rng: permutation key.
+    epochs, minibatches: static counts; the batch size must divide by `minibatches`.
+
+  Returns:
+    (params, opt_state, metrics averaged over the updates, number of updates).
+  """
+  batch_size = jax.tree.leaves(batch)[0].shape[0]
+  if batch_size % minibatches:
+    raise ValueError(f"batch size {batch_size} is not divisible by minibatches={minibatches}")
+  orders = jnp.stack([jax.random.permutation(k, batch_size)
+                      for k in jax.random.split(rng, epochs)])
+  orders = orders.reshape(epochs * minibatches, batch_size // minibatches)
+
+  def step(carry, order):
+    params, opt_state = carry
+    mb = jax.tree.map(lambda x: x[order], batch)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+    # A non-finite loss must skip the update even if the gradient happens to be finite.
+    grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
+    metrics = {**metrics, "grad_norm": optax.global_norm(grads)}
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), metrics
+
+  (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), orders)
+  return params, opt_state, jax.tree.map(jnp.mean, metrics), orders.shape[0]

@@ -1,0 +1,259 @@
+r"""Verifiers for math word problems whose answer is a number (GSM8K-style tasks).
+
+Hand-written rather than built on `math-verify` (installable here) because
+these answers are integers, where its LaTeX/sympy equivalence machinery adds
+two pinned dependencies and SIGALRM timeouts (main thread only) without
+expressing the strict "answer stated explicitly" rule below.
+
+Three graders, from strict to lenient, all comparing numbers exactly as
+rationals (`fractions.Fraction`, no float tolerance):
+
+* "math_strict": the reply must state its final answer explicitly: the whole
+  reply is the number, or it holds \boxed{N}, or it ends with a final statement
+  ("... answer is N", "Answer: N", "= N", "#### N").
+* "math_lenient": the boxed content when present, else the last number.
+* "last_integer": the last integer written in the reply (a common TRL GSM8K
+  baseline grader: "1 if the last integer of the reply is the answer").
+
+Number syntax (choices shared by every grader, so they disagree only on
+*which* number they read):
+
+* "12", "+12", "12.0" and "12.00" are all 12; "12.5" is not 12.
+* Commas are thousands separators only in well-formed groups of three:
+  "1,234" and "12,345,678" are single numbers, while "1,2" and "1,2345" are
+  read as two numbers (a list, "1" then "2"), never as 12 or as the European
+  decimal 1.2, which are both guesses.
+* A leading "-" (or the Unicode minus) is a sign only where it cannot be a
+  binary minus: "x = -5" reads -5, "10-5" reads 10 then 5.
+* Scientific notation, fractions ("1/2", "\frac{1}{2}") and words ("twelve")
+  are not numbers here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from jaxrl_agents import registry
+from jaxrl_agents.rewards._checks import as_rewards, check_batch
+
+# Digits with optional well-formed thousands groups and an optional decimal
+# part. The lookaheads stop "1,2345" from being read as "1,234" then "5", and
+# "1,234,5" as "1,234" then "5": a malformed grouping is read as a list.
+_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?!\d)(?!,\d)|\d+)(?:\.\d+)?"
+# A sign counts only when the previous character cannot end an operand, so the
+# minus of "10-5" or "f(x)-3" stays a binary operator.
+_SIGNED = r"(?:(?<![\w)\]}])[-+\u2212])?" + _UNSIGNED
+_NUMBER_RE = re.compile(_SIGNED)
+_BARE_NUMBER_RE = re.compile(r"[-+\u2212]?" + _UNSIGNED)
+
+# Markup a model may wrap around a final number: markdown bold/code, $...$,
+# \(...\), \[...\].
+_DECOR = r"(?:\*\*|\*|`|\$|\\\$|\\\(|\\\)|\\\[|\\\])*"
+# An explicit final statement at the very end of the reply. "answer" may be
+# followed by a few words ("the answer to the question is 7", "Final answer: 7").
+_FINAL_STATEMENT_RE = re.compile(
+    r"(?:\banswer\b[^\n\d=:]{0,30}?(?:\bis\b\s*:?|:)|=|####)\s*" + _DECOR + r"\s*"
+    r"(?P<number>[-+\u2212]?" + _UNSIGNED + r")\s*" + _DECOR + r"\s*\.?\s*" + _DECOR + r"\s*$",
+    re.IGNORECASE,
+)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# LaTeX and markup that may surround a number inside \boxed{...}. "%" goes too:
+# GSM8K writes percentages as the bare number.
+_BOXED_NOISE_RE = re.compile(r"\\[,!;: ]|\\\$|\$|\\%|%|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|[{}]")
+
+
+def extract_boxed(text: str) -> str | None:
+  r"""Content of the last complete \boxed{...} (or \fbox{...}) in `text`.
+
+  Braces nest: "\boxed{\frac{1}{2}}" gives "\frac{1}{2}". A \boxed{ whose
+  brace is never closed (a truncated reply) is skipped in favour of the
+  previous complete one.
+
+  Returns:
+    The content between the braces, or None if there is no complete box.
+  """
+  for match in reversed(list(_BOXED_RE.finditer(text))):
+    depth = 1
+    for i in range(match.end(), len(text)):
+      if text[i] == "{":
+        depth += 1
+      elif text[i] == "}":
+        depth -= 1
+        if depth == 0:
+          return text[match.end():i]
+  return None
+
+
+def count_boxed(text: str) -> int:
+  r"""Number of \boxed{ (or \fbox{) openings in `text`, nested ones included."""
+  return len(_BOXED_RE.findall(text))
+
+
+def parse_number(text: str) -> Fraction | None:
+  """The exact value of `text` if it is one number (see the module docstring), else None.
+
+  Surrounding whitespace is ignored; nothing else is ("$12" and "12." are not
+  numbers here; `strict_answer` and `lenient_answer` strip such markup).
+  """
+  text = text.strip()
+  if not _BARE_NUMBER_RE.fullmatch(text):
+    return None
+  return Fraction(text.replace(",", "").replace("\u2212", "-"))
+
+
+def last_number(text: str) -> str | None:
+  """The last number (integer or decimal, optionally signed) written in `text`, as written."""
+  matches = _NUMBER_RE.findall(text)
+  return matches[-1] if matches else None
+
+
+def last_integer(text: str) -> str | None:
+  """The last integer written in `text`, as written.
+
+  Decimals are skipped whole, not split: "3.5" contributes no integer (the
+  naive `-?\\d+` reads "5"), so "it costs 7, or 3.5 each" gives "7".
+  """
+  last = None
+  for match in _NUMBER_RE.finditer(text):
+    if "." not in match.group():
+      last = match.group()
+  return last
+
+
+def numbers_equal(a: str | int | Fraction | None, b: str | int | Fraction | None) -> bool:
+  """Exact equality of two numbers given as strings (parsed with `parse_number`) or values.
+
+  Unparseable strings and None are never equal to anything, including each other.
+  """
+  va, vb = _value(a), _value(b)
+  return va is not None and vb is not None and va == vb
+
+
+def _value(x: str | int | Fraction | None) -> Fraction | None:
+  if x is None or isinstance(x, bool):
+    return None
+  if isinstance(x, int | Fraction):
+    return Fraction(x)
+  return parse_number(x)
+
+
+def _boxed_value(text: str) -> Fraction | None:
+  boxed = extract_boxed(text)
+  if boxed is None:
+    return None
+  return reply_as_number(_BOXED_NOISE_RE.sub("", boxed))
+
+
+def reply_as_number(text: str) -> Fraction | None:
+  """The value of a reply that is only a number, up to whitespace and one trailing period."""
+  text = text.strip()
+  if text.endswith("."):
+    text = text[:-1]
+  return parse_number(text)
+
+
+def strict_answer(text: str) -> Fraction | None:
+  r"""The explicitly stated final answer of a reply, or None if it never states one.
+
+  In order: the last \boxed{} (if a box is present it decides, even when its
+  content is not a number); the whole reply if it is a bare number; a final
+  statement ending the reply ("The answer is 42.", "Answer: **42**",
+  "2 + 40 = 42", "#### 42"). Trailing words ("42 apples") are not a final
+  statement.
+  """
+  if count_boxed(text):
+    return _boxed_value(text)
+  bare = reply_as_number(text)
+  if bare is not None:
+    return bare
+  match = _FINAL_STATEMENT_RE.search(text)
+  return parse_number(match.group("number")) if match else None
+
+
+def lenient_answer(text: str) -> Fraction | None:
+  """The boxed content if it is a number, else the last number in the reply."""
+  boxed = _boxed_value(text)
+  if boxed is not None:
+    return boxed
+  last = last_number(text)
+  return parse_number(last) if last is not None else None
+
+
+def _reference_answers(reward: str, examples: Sequence[Mapping[str, Any]]) -> list[Fraction]:
+  answers = []
+  for i, example in enumerate(examples):
+    raw = example["answer"]
+    value = _value(raw if isinstance(raw, int | Fraction) else str(raw))
+    if value is None:
+      # A dataset bug, not a model error: every completion would silently score 0.
+      raise ValueError(f"{reward}: example {i} field 'answer' is not a number: "
+                       f"{example['answer']!r}")
+    answers.append(value)
+  return answers
+
+
+def _grade(reward: str, read, completions: Sequence[str],
+           examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  check_batch(reward, completions, examples, fields=("answer",))
+  answers = _reference_answers(reward, examples)
+  return as_rewards([float(read(c) == a) for c, a in zip(completions, answers, strict=True)])
+
+
+@registry.register("reward", "math_strict")
+def math_strict_reward(completions: Sequence[str],
+                       examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """1 if the reply states its final answer explicitly and it equals example["answer"].
+
+  See `strict_answer`. A verbose reply whose last number happens to be right
+  but that never states an answer scores 0.
+
+  Args:
+    completions: B decoded replies.
+    examples: B examples with an "answer" field (an integer, or a string of one).
+
+  Returns:
+    f32[B] in {0, 1}.
+  """
+  return _grade("math_strict", strict_answer, completions, examples)
+
+
+@registry.register("reward", "math_lenient")
+def math_lenient_reward(completions: Sequence[str],
+                        examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """1 if the boxed content (when it is a number) or else the last number equals the answer.
+
+  Args:
+    completions: B decoded replies.
+    examples: B examples with an "answer" field.
+
+  Returns:
+    f32[B] in {0, 1}.
+  """
+  return _grade("math_lenient", lenient_answer, completions, examples)
+
+
+def _last_integer_value(text: str) -> Fraction | None:
+  last = last_integer(text)
+  return parse_number(last) if last is not None else None
+
+
+@registry.register("reward", "last_integer")
+def last_integer_reward(completions: Sequence[str],
+                        examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """1 if the last integer of the reply equals the answer (see `last_integer`).
+
+  Boxes are not preferred and decimals are ignored: "12.0" does not count as 12.
+
+  Args:
+    completions: B decoded replies.
+    examples: B examples with an "answer" field.
+
+  Returns:
+    f32[B] in {0, 1}.
+  """
+  return _grade("last_integer", _last_integer_value, completions, examples)

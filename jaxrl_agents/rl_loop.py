@@ -1,0 +1,391 @@
+"""The host loop shared by the RL experiments: rollout, rewards, update, evaluate, checkpoint.
+
+An experiment (experiments/grpo.py, experiments/ppo.py) supplies an
+`Algorithm`: how to build its train state from the policy params, how to
+prepare a rollout batch for the update (advantages, old/reference
+log-probabilities, values) and the jitted update itself. Everything else is
+here, so every algorithm gets the same workdir:
+
+  checkpoints/        Orbax: train state, data iterator state, config (every N steps, last K)
+  metrics.jsonl       per step: rewards per component, accuracy, KL, entropy, clip fractions,
+                      grad norm, lengths, tokens/s, step and compile time; eval records
+  samples.jsonl       prompts, completions and rewards every N steps
+  tensorboard/        the same scalars as TensorBoard events
+  config.json         the resolved config
+
+Randomness derives from (seed, step) alone, so a run resumed from a checkpoint
+continues exactly as if it had never stopped (bitwise on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents import checkpointing, registry
+from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.rollout.scoring import SequenceBatch
+
+log = logging.getLogger(__name__)
+
+
+class TrainingStopped(RuntimeError):
+  """The run cannot continue (e.g. too many non-finite updates in a row)."""
+
+
+# ----------------------------------------------------------------------------
+# Compile-time accounting: JAX reports the duration of every trace, lowering
+# and backend compile; summing them per step separates compile from compute.
+
+_COMPILE_SECONDS = [0.0]
+_COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
+                   "/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration")
+
+
+def _on_duration(event: str, duration: float, **_) -> None:
+  if event in _COMPILE_EVENTS:
+    _COMPILE_SECONDS[0] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def compile_seconds() -> float:
+  """Seconds spent tracing, lowering and compiling since the process started."""
+  return _COMPILE_SECONDS[0]
+
+
+# ----------------------------------------------------------------------------
+# Rollouts.
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One batch of completions with rewards (host and device arrays).
+
+  Attributes:
+    seq: the token streams (device arrays), B = P * G rows, prompt-major.
+    examples: the B task examples (each prompt's repeated G times).
+    prompts: the B prompt strings.
+    completions: the B decoded completions.
+    rewards: f32[B] total reward.
+    components: per-component f32[B] rewards.
+    correct: f32[B] the grader's verdict (accuracy).
+    sampling_logprobs: f32[B, N] from the sampler.
+  """
+
+  seq: SequenceBatch
+  examples: list[Mapping[str, Any]]
+  prompts: list[str]
+  completions: list[str]
+  rewards: np.ndarray
+  components: dict[str, np.ndarray]
+  correct: np.ndarray
+  sampling_logprobs: jax.Array
+
+
+def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list[str]:
+  """The user message of each example: `template` formatted with the example's fields."""
+  out = []
+  for i, ex in enumerate(examples):
+    try:
+      out.append(template.format(**ex))
+    except KeyError as e:
+      raise KeyError(f"prompt template {template!r} needs field {e} missing from example {i} "
+                     f"(fields: {sorted(ex)})") from None
+  return out
+
+
+def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
+           min_prompt_len: int = 16) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded int32[B, Lp] prompt tokens and mask, Lp bucketed to a power of two."""
+  ids = tokenizer_lib.encode_prompts(tokenizer, prompts, chat, system)
+  length = sampler_lib.bucket(max(len(s) for s in ids), minimum=min_prompt_len)
+  return tokenizer_lib.pad_left(ids, tokenizer.pad_token_id, length)
+
+
+def decode(tokenizer, tokens: np.ndarray, lengths: np.ndarray, stop_tokens: Sequence[int]
+           ) -> list[str]:
+  """Completion texts without their stop token."""
+  texts = []
+  for row, n in zip(tokens, lengths, strict=True):
+    ids = [t for t in row[:n].tolist() if t not in stop_tokens]
+    texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+  return texts
+
+
+class RewardModel(Protocol):
+  def __call__(self, completions: Sequence[str], examples: Sequence[Mapping]
+               ) -> tuple[np.ndarray, dict[str, np.ndarray]]: ...
+
+
+def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
+            group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
+            system: str | None, reward_fn: RewardModel,
+            grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray]) -> Rollout:
+  """Samples `group_size` completions per example and scores them."""
+  examples = [ex for ex in examples for _ in range(group_size)]
+  prompts = format_prompts(examples, template)
+  tokens, mask = encode(model.tokenizer, prompts, chat=chat, system=system)
+  out = sampler_lib.generate(params, model.cfg, jnp.asarray(tokens), jnp.asarray(mask), rng,
+                             sampling)
+  host_tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  completions = decode(model.tokenizer, host_tokens, lengths, sampling.stop_tokens)
+  total, components = reward_fn(completions, examples)
+  correct = np.asarray(grader(completions, examples), np.float32)
+  seq = SequenceBatch(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask)
+  return Rollout(seq=seq, examples=examples, prompts=prompts, completions=completions,
+                 rewards=np.asarray(total, np.float32),
+                 components={k: np.asarray(v, np.float32) for k, v in components.items()},
+                 correct=correct, sampling_logprobs=out.sampling_logprobs)
+
+
+def rollout_metrics(r: Rollout, group_size: int) -> dict[str, float]:
+  """Reward, accuracy and length statistics of a rollout batch."""
+  lengths = np.asarray(r.seq.completion_mask).sum(-1)
+  grouped = r.rewards.reshape(-1, group_size)
+  out = {
+      "reward_mean": float(r.rewards.mean()),
+      "reward_std": float(r.rewards.std()),
+      "accuracy": float(r.correct.mean()),
+      "response_length": float(lengths.mean()),
+      "response_length_max": float(lengths.max()),
+      "truncated_frac": float((lengths >= r.seq.completion_mask.shape[1]).mean()),
+      # Groups whose rewards all tie give zero group-relative advantage: no signal.
+      "zero_variance_groups": float((grouped.std(axis=1) == 0).mean()),
+  }
+  for name, values in r.components.items():
+    out[f"reward/{name}_mean"] = float(values.mean())
+    out[f"reward/{name}_std"] = float(values.std())
+  return out
+
+
+def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
+             batch_size: int, max_new_tokens: int, template: str, chat: bool,
+             system: str | None, reward_fn: RewardModel, grader) -> tuple[dict, list[dict]]:
+  """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples."""
+  sampling = sampler_lib.SamplingConfig(
+      max_new_tokens=max_new_tokens, temperature=0.0,
+      stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
+      pad_id=model.tokenizer.pad_token_id)
+  completions, used = [], []
+  for start in range(0, len(examples), batch_size):
+    chunk = list(examples[start:start + batch_size])
+    padded = chunk + [chunk[0]] * (batch_size - len(chunk))  # one compiled batch shape
+    r = rollout(params, model, padded, jax.random.key(0), group_size=1, sampling=sampling,
+                template=template, chat=chat, system=system,
+                reward_fn=lambda c, e: (np.zeros(len(c)), {}), grader=lambda c, e: np.zeros(len(c)))
+    completions += r.completions[:len(chunk)]
+    used += chunk
+  total, components = reward_fn(completions, used)
+  correct = np.asarray(grader(completions, used), np.float32)
+  result = {"accuracy": float(correct.mean()), "reward_mean": float(np.mean(total)),
+            "response_chars": float(np.mean([len(c) for c in completions])),
+            "num_examples": len(used)}
+  for name, values in components.items():
+    result[f"reward/{name}_mean"] = float(np.mean(values))
+  samples = [{"prompt": template.format(**ex), "completion": c, "correct": float(k),
+              "answer": ex.get("answer")} for ex, c, k in zip(used, completions, correct,
+                                                              strict=True)]
+  return result, samples
+
+
+# ----------------------------------------------------------------------------
+# The algorithm interface and the loop.
+
+
+class Algorithm(Protocol):
+  """What an experiment plugs into `run`.
+
+  init_state(params, rng) -> train state pytree (checkpointed as a whole)
+  policy_params(state) -> the policy params inside the state (for sampling)
+  prepare(state, rollout, rng) -> the update's batch pytree (advantages, old/ref logprobs, ...)
+  update(state, batch, rng) -> (state, metrics dict of scalars); jitted, donates the state
+  nonfinite_count(state) -> consecutive skipped (non-finite) updates so far
+  """
+
+  def init_state(self, params, rng): ...
+  def policy_params(self, state): ...
+  def prepare(self, state, rollout: Rollout, rng): ...
+  def update(self, state, batch, rng): ...
+  def nonfinite_count(self, state) -> tuple[int, int]: ...
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps (TPU VMs get SIGTERM on preemption)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+    log.warning("SIGTERM received: checkpointing after the current step, then exiting")
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _config_to_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") \
+      else dict(config)
+
+
+def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_data,
+        eval_examples: Sequence[Mapping[str, Any]], reward_fn: RewardModel, grader,
+        progress: bool = True) -> dict:
+  """Trains for config.steps rollout steps, resuming from the workdir's latest checkpoint.
+
+  Args:
+    config: the experiment's ConfigDict (see experiments/configs/).
+    workdir: the run directory.
+    algorithm: the experiment's Algorithm.
+    model: the policy (its params are the initial policy).
+    train_data: an iterator of example batches (lists of dicts) with get_state/set_state.
+    eval_examples: held-out examples.
+    reward_fn: completions, examples -> (total f32[B], components).
+    grader: completions, examples -> f32[B] correctness (the accuracy metric).
+    progress: show a tqdm progress bar on stderr.
+
+  Returns:
+    The last eval record (or {} when evaluation is off).
+  """
+  from tqdm import tqdm
+
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(_config_to_dict(config), f, indent=2)
+  writer = metrics_lib.MetricWriter(workdir, tensorboard=config.get("tensorboard", True))
+  ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  base_rng = jax.random.key(config.seed)
+  state = algorithm.init_state(model.params, jax.random.fold_in(base_rng, 0x5EED))
+  start_step = 0
+  restored = ckpt.restore_latest(state)
+  if restored is not None:
+    start_step, state, data_state, _ = restored
+    train_data.set_state(data_state)
+    writer.truncate_after(start_step)
+    log.info("resumed from step %d in %s", start_step, ckpt.directory)
+
+  sampling = sampler_lib.SamplingConfig(
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0),
+      stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
+      pad_id=model.tokenizer.pad_token_id)
+  prompt_kwargs = dict(template=config.prompt_template, chat=config.chat,
+                       system=config.get("system_prompt") or None)
+
+  def run_eval(step):
+    if not config.eval_every or not eval_examples:
+      return {}
+    t0 = time.perf_counter()
+    result, samples = evaluate(
+        algorithm.policy_params(state), model, eval_examples, batch_size=config.eval_batch_size,
+        max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
+        **prompt_kwargs)
+    result["eval_time_s"] = time.perf_counter() - t0
+    writer.write_scalars(step, result, kind="eval")
+    writer.write_samples(step, samples[:config.samples_per_log], kind="eval")
+    log.info("eval at step %d: accuracy %.3f (%d examples, %.1fs)", step, result["accuracy"],
+             result["num_examples"], result["eval_time_s"])
+    return result
+
+  def save(step):
+    ckpt.save(step, state, train_data.get_state(),
+              {"config": _config_to_dict(config), "seed": config.seed, "step": step})
+
+  last_eval = {}
+  if start_step == 0:
+    last_eval = run_eval(0)
+  bar = tqdm(total=config.steps, initial=start_step, disable=not progress, file=sys.stderr,
+             desc="train", dynamic_ncols=True)
+  step = start_step
+  with _Preemption() as preemption:
+    try:
+      while step < config.steps:
+        step_rng = jax.random.fold_in(base_rng, step)
+        rollout_rng, prepare_rng, update_rng = jax.random.split(step_rng, 3)
+        compile_before = compile_seconds()
+        t0 = time.perf_counter()
+        examples = next(train_data)
+        r = rollout(algorithm.policy_params(state), model, examples, rollout_rng,
+                    group_size=config.group_size, sampling=sampling, reward_fn=reward_fn,
+                    grader=grader, **prompt_kwargs)
+        t1 = time.perf_counter()
+        batch = algorithm.prepare(state, r, prepare_rng)
+        state, update_metrics = algorithm.update(state, batch, update_rng)
+        update_metrics = jax.device_get(update_metrics)
+        t2 = time.perf_counter()
+        step += 1
+        consecutive, total_skipped = algorithm.nonfinite_count(state)
+        generated = int(np.asarray(r.seq.completion_mask).sum())
+        seq_tokens = generated + int(np.asarray(r.seq.prompt_mask).sum())
+        record = {
+            **rollout_metrics(r, config.group_size),
+            **{k: float(v) for k, v in update_metrics.items()},
+            "skipped_updates": total_skipped,
+            "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,
+            "rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
+            "update_tokens_per_s": seq_tokens * config.get("epochs", 1) / max(t2 - t1, 1e-9),
+            "compile_time_s": compile_seconds() - compile_before,
+        }
+        writer.write_scalars(step, record)
+        if config.sample_every and step % config.sample_every == 0:
+          writer.write_samples(step, [
+              {"prompt": p, "completion": c, "reward": float(rw), "correct": float(k),
+               **{f"reward/{n}": float(v[i]) for n, v in r.components.items()}}
+              for i, (p, c, rw, k) in enumerate(zip(r.prompts, r.completions, r.rewards,
+                                                    r.correct, strict=True))
+              if i < config.samples_per_log])
+        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}")
+        bar.update(1)
+        if consecutive >= config.max_consecutive_nonfinite:
+          raise TrainingStopped(
+              f"{consecutive} consecutive updates had a non-finite loss or gradient (step "
+              f"{step}); stopping. The last good checkpoint is intact in {ckpt.directory}.")
+        if not math.isfinite(record["reward_mean"]):
+          raise TrainingStopped(f"non-finite rewards at step {step}")
+        if config.eval_every and step % config.eval_every == 0:
+          last_eval = run_eval(step)
+        if step % config.checkpoint_every == 0 or step == config.steps:
+          save(step)
+        if preemption.requested:
+          save(step)
+          log.warning("checkpointed step %d after SIGTERM; exiting", step)
+          raise SystemExit(143)
+      if config.eval_every and step % config.eval_every != 0:
+        last_eval = run_eval(step)
+    finally:
+      bar.close()
+      writer.close()
+      ckpt.close()
+  return last_eval
+
+
+def registered_or_raise(kind: str, name: str) -> None:
+  """Fails with the valid names when `name` is not registered (before anything compiles)."""
+  registry.get(kind, name)
