@@ -76,3 +76,27 @@ def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: 
   return rl_loop.run(config, workdir, algorithm, model, train_data=loader,
                      eval_examples=eval_examples, reward_fn=reward_fn, grader=grader,
                      progress=progress)
+
+
+def main(train_fn) -> None:
+  """The command line of an experiment script: `--config=FILE[:VARIANT] --workdir=DIR`.
+
+  Flags are defined here, at run time, not at import: the experiment modules
+  can then be imported together (tests, notebooks) without duplicate flags.
+  `lock_config` makes a mistyped `--config.key` an error before anything runs.
+  """
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  config = config_flags.DEFINE_config_file("config", None, "experiment config file",
+                                           lock_config=True)
+  workdir = flags.DEFINE_string("workdir", None, "run directory (resumes if it has checkpoints)")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+  def run(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    setup_logging()
+    train_fn(config.value, workdir.value)
+
+  app.run(run)

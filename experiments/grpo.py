@@ -20,8 +20,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from absl import app, flags
-from ml_collections import config_flags
 
 from experiments import common
 from jaxrl_agents import losses, registry, rl_loop
@@ -140,18 +138,5 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   return common.run_experiment(config, workdir, algorithm, model, progress=progress)
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumes if it has checkpoints)")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  common.setup_logging()
-  train(_CONFIG.value, _WORKDIR.value)
-
-
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  common.main(train)

@@ -65,11 +65,28 @@ class Checkpointer:
       try:
         state, data_state, meta = self.restore(step, target)
       except Exception as e:  # noqa: BLE001 - any failure means "not usable", try older
-        log.warning("checkpoint step %d in %s is unreadable (%s: %s); trying an older one",
-                    step, self.directory, type(e).__name__, e)
+        aside = self._set_aside(step)
+        log.warning("checkpoint step %d in %s is unreadable (%s: %s); moved it to %s and "
+                    "trying an older one", step, self.directory, type(e).__name__, e, aside)
         continue
       return step, state, data_state, meta
     return None
+
+  def _set_aside(self, step: int) -> str:
+    """Renames an unreadable step out of the way (kept for inspection, never deleted).
+
+    Without this, the resumed run would skip re-saving that step and the next
+    resume would hit the same broken directory again.
+    """
+    src = os.path.join(self.directory, str(step))
+    dst = f"{src}.unreadable"
+    n = 1
+    while os.path.exists(dst):
+      n += 1
+      dst = f"{src}.unreadable{n}"
+    os.rename(src, dst)
+    self._manager.reload()
+    return dst
 
   def close(self) -> None:
     self._manager.close()

@@ -46,7 +46,17 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def _truncate_file(path: str, step: int) -> None:
-  records = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  records = []
+  for i, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i == len(lines) - 1:  # a line cut short by a kill mid-write
+        break
+      raise ValueError(f"{path}:{i + 1}: not a JSON record") from None
+  records = [r for r in records if r.get("step", 0) <= step]
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     for r in records:

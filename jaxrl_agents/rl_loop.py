@@ -81,14 +81,15 @@ class Rollout:
   """One batch of completions with rewards (host and device arrays).
 
   Attributes:
-    seq: the token streams (device arrays), B = P * G rows, prompt-major.
+    seq: the token streams (device arrays), B = P * G rows, prompt-major; completions
+      trimmed to `trimmed_width` columns.
     examples: the B task examples (each prompt's repeated G times).
     prompts: the B prompt strings.
     completions: the B decoded completions.
     rewards: f32[B] total reward.
     components: per-component f32[B] rewards.
     correct: f32[B] the grader's verdict (accuracy).
-    sampling_logprobs: f32[B, N] from the sampler.
+    sampling_logprobs: f32[B, n] from the sampler (n: the trimmed completion width).
   """
 
   seq: SequenceBatch
@@ -114,11 +115,26 @@ def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list
 
 
 def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
-           min_prompt_len: int = 16) -> tuple[np.ndarray, np.ndarray]:
-  """Left-padded int32[B, Lp] prompt tokens and mask, Lp bucketed to a power of two."""
+           multiple: int = 16) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded int32[B, Lp] prompt tokens and mask, Lp rounded up to a multiple of 16.
+
+  A task's prompts vary by a few tokens, so multiples of 16 give one or two
+  shapes (compilations) per run while padding far less than powers of two
+  (a 46-token SmolLM2 chat prompt pads to 48, not 64).
+  """
   ids = tokenizer_lib.encode_prompts(tokenizer, prompts, chat, system)
-  length = sampler_lib.bucket(max(len(s) for s in ids), minimum=min_prompt_len)
+  length = -(-max(len(s) for s in ids) // multiple) * multiple
   return tokenizer_lib.pad_left(ids, tokenizer.pad_token_id, length)
+
+
+def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) -> int:
+  """Completion columns the update needs: the longest completion, bucketed to a power of two.
+
+  The update costs in proportion to prompt + completion columns; short replies
+  in a 48-token budget would otherwise pay for 48. Power-of-two buckets keep
+  the number of update shapes (compilations) to a handful.
+  """
+  return min(max_new_tokens, sampler_lib.bucket(int(np.max(lengths)), minimum=minimum))
 
 
 def decode(tokenizer, tokens: np.ndarray, lengths: np.ndarray, stop_tokens: Sequence[int]
@@ -150,11 +166,12 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
   completions = decode(model.tokenizer, host_tokens, lengths, sampling.stop_tokens)
   total, components = reward_fn(completions, examples)
   correct = np.asarray(grader(completions, examples), np.float32)
-  seq = SequenceBatch(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask)
+  n = trimmed_width(lengths, sampling.max_new_tokens)
+  seq = SequenceBatch(jnp.asarray(tokens), jnp.asarray(mask), out.tokens[:, :n], out.mask[:, :n])
   return Rollout(seq=seq, examples=examples, prompts=prompts, completions=completions,
                  rewards=np.asarray(total, np.float32),
                  components={k: np.asarray(v, np.float32) for k, v in components.items()},
-                 correct=correct, sampling_logprobs=out.sampling_logprobs)
+                 correct=correct, sampling_logprobs=out.sampling_logprobs[:, :n])
 
 
 def rollout_metrics(r: Rollout, group_size: int) -> dict[str, float]:
@@ -201,9 +218,11 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
             "num_examples": len(used)}
   for name, values in components.items():
     result[f"reward/{name}_mean"] = float(np.mean(values))
-  samples = [{"prompt": template.format(**ex), "completion": c, "correct": float(k),
-              "answer": ex.get("answer")} for ex, c, k in zip(used, completions, correct,
-                                                              strict=True)]
+  samples = [{"prompt": prompt, "completion": c, "answer": ex.get("answer"),
+              "reward": float(total[i]), "correct": float(correct[i]),
+              **{f"reward/{n}": float(v[i]) for n, v in components.items()}}
+             for i, (prompt, ex, c) in enumerate(zip(format_prompts(used, template), used,
+                                                     completions, strict=True))]
   return result, samples
 
 
@@ -356,10 +375,10 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         writer.write_scalars(step, record)
         if config.sample_every and step % config.sample_every == 0:
           writer.write_samples(step, [
-              {"prompt": p, "completion": c, "reward": float(rw), "correct": float(k),
-               **{f"reward/{n}": float(v[i]) for n, v in r.components.items()}}
-              for i, (p, c, rw, k) in enumerate(zip(r.prompts, r.completions, r.rewards,
-                                                    r.correct, strict=True))
+              {"prompt": p, "completion": c, "answer": ex.get("answer"), "reward": float(rw),
+               "correct": float(k), **{f"reward/{n}": float(v[i]) for n, v in r.components.items()}}
+              for i, (p, ex, c, rw, k) in enumerate(zip(r.prompts, r.examples, r.completions,
+                                                        r.rewards, r.correct, strict=True))
               if i < config.samples_per_log])
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}")
         bar.update(1)

