@@ -32,6 +32,8 @@ def validate_common(config) -> None:
     if not os.path.isdir(config.model):
       raise ValueError(f"unknown model {config.model!r}: not a preset ({', '.join(zoo.names())})"
                        ", a Hugging Face directory or a .gguf file")
+  if not config.temperature > 0:
+    raise ValueError(f"config.temperature must be > 0 for RL rollouts, got {config.temperature}")
   if not config.task and not config.jsonl_path:
     raise ValueError("set config.task (a registered task) or config.jsonl_path")
   for key in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
@@ -52,6 +54,11 @@ def task_examples(config):
   """(train source, held-out examples) for the configured task or JSONL file."""
   if config.jsonl_path:
     examples = data_lib.load_jsonl(config.jsonl_path)
+    if config.get("eval_jsonl_path"):
+      return examples, data_lib.load_jsonl(config.eval_jsonl_path)[: config.eval_size]
+    logging.getLogger(__name__).warning(
+        "no eval_jsonl_path: evaluating on the first %d training prompts (not held out)",
+        config.eval_size)
     return examples, examples[: config.eval_size]
   train = data_lib.load_task(config.task, "train")
   held_out = data_lib.load_task(config.task, config.eval_split)

@@ -30,6 +30,10 @@ from jaxrl_agents.rollout.scoring import SequenceBatch, completion_logprobs
 log = logging.getLogger(__name__)
 
 
+# Registered advantage estimators that map f32[P, G] outcome rewards to advantages.
+GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"})
+
+
 class GRPOState(NamedTuple):
   params: dict  # the policy
   opt_state: optax.OptState
@@ -63,7 +67,8 @@ class GRPO:
     # With one update per rollout the sampling policy is the current one: the
     # ratio is exactly 1, and recomputing old log-probs would be a wasted pass.
     self.on_policy = config.epochs * config.minibatches == 1
-    self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg))
+    self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg,
+                                            temperature=config.temperature))
     self._update = jax.jit(self._update_impl, donate_argnums=0)
 
   def init_state(self, params, rng):
@@ -94,17 +99,20 @@ class GRPO:
   def loss(self, params, batch: GRPOBatch):
     c = self.config
     mask = batch.seq.completion_mask
-    logp, entropy = completion_logprobs(params, self.model_cfg, batch.seq, with_entropy=True)
+    logp, entropy = completion_logprobs(params, self.model_cfg, batch.seq,
+                                        temperature=c.temperature, with_entropy=True)
     old_logp = jax.lax.stop_gradient(logp) if self.on_policy else batch.old_logp
+    norm = c.max_new_tokens  # the "seq-mean-token-sum-norm" constant, fixed across steps
     loss, metrics = self.loss_fn(logp, old_logp, batch.advantages, mask,
-                                 aggregation=c.aggregation, **c.loss_kwargs)
+                                 aggregation=c.aggregation, normalizer=norm, **c.loss_kwargs)
     if c.kl_coef:
       kl, _ = losses.kl_loss(logp, batch.ref_logp, mask, estimator=c.kl_estimator,
-                             aggregation=c.aggregation)
+                             aggregation=c.aggregation, normalizer=norm)
       loss = loss + c.kl_coef * kl
       metrics["kl"] = kl
     if c.entropy_coef:
-      bonus, _ = losses.entropy_bonus(entropy, mask, aggregation=c.aggregation)
+      bonus, _ = losses.entropy_bonus(entropy, mask, aggregation=c.aggregation,
+                                      normalizer=norm)
       loss = loss - c.entropy_coef * bonus
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
     metrics["loss"] = loss
@@ -114,19 +122,27 @@ class GRPO:
     params, opt_state, metrics, n = optim_lib.minibatch_updates(
         self.loss, self.tx, state.params, state.opt_state, batch, rng,
         epochs=self.config.epochs, minibatches=self.config.minibatches)
+    # `updates` counts applied updates, like the optimizer's own step count
+    # (skipped non-finite updates advance neither), so the logged rate is the one used.
     metrics["learning_rate"] = self.schedule(state.updates)
-    return state._replace(params=params, opt_state=opt_state, updates=state.updates + n), metrics
+    skipped = opt_state.total_notfinite - state.opt_state.total_notfinite
+    return state._replace(params=params, opt_state=opt_state,
+                          updates=state.updates + n - skipped), metrics
 
 
 def validate(config) -> None:
   """Fails on unknown names or inconsistent sizes before anything loads or compiles."""
   common.validate_common(config)
   registry.get("advantage", config.advantage)
+  if config.advantage not in GROUP_ADVANTAGES:
+    raise ValueError(f"advantage {config.advantage!r} is not a group estimator over f32[P, G] "
+                     f"rewards; GRPO takes one of {sorted(GROUP_ADVANTAGES)} (GAE is PPO's)")
   registry.get("policy_loss", config.policy_loss)
   registry.get("aggregation", config.aggregation)
   if config.kl_coef:
     registry.get("kl", config.kl_estimator)
-  if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo"):
+  if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo",
+                                                    "reinforce_pp_baseline"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")
 
 

@@ -29,7 +29,12 @@ from jaxrl_agents import losses, registry, rl_loop
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses.aggregation import masked_mean
 from jaxrl_agents.models import heads, transformer
-from jaxrl_agents.rollout.scoring import SequenceBatch, completion_hidden, completion_logprobs
+from jaxrl_agents.rollout.scoring import (
+    SequenceBatch,
+    completion_hidden,
+    completion_logprobs,
+    token_logprobs,
+)
 
 CRITICS = ("shared", "separate")
 
@@ -64,7 +69,8 @@ class PPO:
         config.optimizer.decay, config.optimizer.end_fraction)
     self.loss_fn = registry.get("policy_loss", config.policy_loss)
     self._forward = jax.jit(self.forward)
-    self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg))
+    self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg,
+                                            temperature=config.temperature))
     self._update = jax.jit(self._update_impl, donate_argnums=0)
 
   def init_state(self, params, rng):
@@ -87,13 +93,11 @@ class PPO:
     """(logp f32[B, N], values f32[B, N], entropy f32[B, N] or None) of the completions."""
     hidden = completion_hidden(params["policy"], self.model_cfg, seq)
     logits = transformer.lm_head(params["policy"], hidden, self.model_cfg)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(log_probs, seq.completion_tokens[..., None], axis=-1)[..., 0]
-    logp = jnp.where(seq.completion_mask, logp, 0.0)
+    logp, entropy = token_logprobs(logits, seq.completion_tokens, seq.completion_mask,
+                                   temperature=self.config.temperature, with_entropy=with_entropy)
     if params["critic"] is not None:
       hidden = completion_hidden(params["critic"], self.model_cfg, seq)
     values = heads.apply_scalar_head(params["value_head"], hidden)
-    entropy = losses.entropy_from_logits(logits) if with_entropy else None
     return logp, jnp.where(seq.completion_mask, values, 0.0), entropy
 
   def prepare(self, state, r: rl_loop.Rollout, rng) -> PPOBatch:
@@ -128,13 +132,15 @@ class PPO:
     c = self.config
     mask = batch.seq.completion_mask
     logp, values, entropy = self.forward(params, batch.seq, with_entropy=True)
+    norm = c.max_new_tokens  # the "seq-mean-token-sum-norm" constant, fixed across steps
     pg_loss, metrics = self.loss_fn(logp, batch.old_logp, batch.advantages, mask,
-                                    aggregation=c.aggregation, **c.loss_kwargs)
+                                    aggregation=c.aggregation, normalizer=norm, **c.loss_kwargs)
     v_loss, v_metrics = losses.clipped_value_loss(
         values, batch.old_values, batch.returns, mask, clip_eps=c.value_clip)
     loss = pg_loss + c.vf_coef * v_loss
     if c.entropy_coef:
-      bonus, _ = losses.entropy_bonus(entropy, mask, aggregation=c.aggregation)
+      bonus, _ = losses.entropy_bonus(entropy, mask, aggregation=c.aggregation,
+                                      normalizer=norm)
       loss = loss - c.entropy_coef * bonus
     return loss, {**metrics, **v_metrics, "loss": loss,
                   "entropy": masked_mean(jax.lax.stop_gradient(entropy), mask)}
@@ -143,8 +149,12 @@ class PPO:
     params, opt_state, metrics, n = optim_lib.minibatch_updates(
         self.loss, self.tx, state.params, state.opt_state, batch, rng,
         epochs=self.config.epochs, minibatches=self.config.minibatches)
+    # `updates` counts applied updates, like the optimizer's own step count
+    # (skipped non-finite updates advance neither), so the logged rate is the one used.
     metrics["learning_rate"] = self.schedule(state.updates)
-    return state._replace(params=params, opt_state=opt_state, updates=state.updates + n), metrics
+    skipped = opt_state.total_notfinite - state.opt_state.total_notfinite
+    return state._replace(params=params, opt_state=opt_state,
+                          updates=state.updates + n - skipped), metrics
 
 
 def validate(config) -> None:

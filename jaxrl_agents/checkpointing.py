@@ -59,6 +59,17 @@ class Checkpointer:
         meta=ocp.args.JsonRestore()))
     return restored["state"], restored["data"], restored["meta"]
 
+  def latest_meta(self) -> tuple[int, dict] | None:
+    """(step, meta) of the newest checkpoint whose metadata reads, without touching its state."""
+    for step in reversed(self.steps()):
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))
+      except Exception:  # noqa: BLE001 - restore_latest reports unreadable steps
+        continue
+      return step, restored["meta"]
+    return None
+
   def restore_latest(self, target: Any) -> tuple[int, Any, Any, dict] | None:
     """(step, state, data_state, meta) of the newest checkpoint that restores, or None."""
     for step in reversed(self.steps()):

@@ -95,4 +95,14 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
     return (optax.apply_updates(params, updates), opt_state), metrics
 
   (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), orders)
-  return params, opt_state, jax.tree.map(jnp.mean, metrics), orders.shape[0]
+  return params, opt_state, reduce_update_metrics(metrics), orders.shape[0]
+
+
+def reduce_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """One value per metric over the updates of a step: max for `*_max`, else the mean.
+
+  NaN-aware, so one skipped (non-finite) update does not blank the step's
+  metrics; a step whose updates were all skipped logs NaN.
+  """
+  return {k: (jnp.nanmax(v) if k.endswith("_max") else jnp.nanmean(v))
+          for k, v in metrics.items()}

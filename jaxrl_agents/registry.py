@@ -17,8 +17,9 @@ import the library's modules for the kind first, so callers never need to.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _REGISTRY: dict[str, dict[str, Any]] = {}
@@ -47,6 +48,16 @@ def register(kind: str, name: str) -> Callable[[Any], Any]:
     return fn
 
   return decorator
+
+
+@contextlib.contextmanager
+def registered(kind: str, name: str, fn: Any) -> Iterator[Any]:
+  """Registers `fn` under (kind, name) for the duration of a `with` block (tests, notebooks)."""
+  register(kind, name)(fn)
+  try:
+    yield fn
+  finally:
+    _REGISTRY[kind].pop(name, None)
 
 
 def _load_providers(kind: str) -> None:

@@ -174,20 +174,23 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
                  correct=correct, sampling_logprobs=out.sampling_logprobs[:, :n])
 
 
-def rollout_metrics(r: Rollout, group_size: int) -> dict[str, float]:
+def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[str, float]:
   """Reward, accuracy and length statistics of a rollout batch."""
   lengths = np.asarray(r.seq.completion_mask).sum(-1)
-  grouped = r.rewards.reshape(-1, group_size)
   out = {
       "reward_mean": float(r.rewards.mean()),
       "reward_std": float(r.rewards.std()),
       "accuracy": float(r.correct.mean()),
       "response_length": float(lengths.mean()),
       "response_length_max": float(lengths.max()),
-      "truncated_frac": float((lengths >= r.seq.completion_mask.shape[1]).mean()),
-      # Groups whose rewards all tie give zero group-relative advantage: no signal.
-      "zero_variance_groups": float((grouped.std(axis=1) == 0).mean()),
+      # Hit the token budget (a completion may end exactly there with its stop
+      # token, but the sampler counts that token in its length only when live).
+      "truncated_frac": float((lengths >= max_new_tokens).mean()),
   }
+  if group_size > 1:
+    # Groups whose rewards all tie give zero group-relative advantage: no signal.
+    grouped = r.rewards.reshape(-1, group_size)
+    out["zero_variance_groups"] = float((grouped.std(axis=1) == 0).mean())
   for name, values in r.components.items():
     out[f"reward/{name}_mean"] = float(values.mean())
     out[f"reward/{name}_std"] = float(values.std())
@@ -274,6 +277,46 @@ def _config_to_dict(config) -> dict:
       else dict(config)
 
 
+# Keys that may change when a run resumes: they decide what is logged and
+# saved, or how long the run goes on, not what it computes.
+RESUMABLE_CHANGES = frozenset({
+    "steps", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
+    "keep_checkpoints", "sample_every", "samples_per_log", "tensorboard",
+    "max_consecutive_nonfinite"})
+
+
+def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, Mapping):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resumable(saved: Mapping, current: Mapping, workdir: str) -> None:
+  """Fails when the workdir's checkpoint was written under a config that computes differently.
+
+  A resumed run must continue the run it resumes; to run a changed experiment,
+  use a new workdir.
+  """
+  old, new = _flat(saved), _flat(current)
+  changed = sorted(k for k in old.keys() | new.keys()
+                   if old.get(k, "<unset>") != new.get(k, "<unset>")
+                   and k not in RESUMABLE_CHANGES)
+  if changed:
+    details = "; ".join(f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}"
+                        for k in changed[:8])
+    raise ValueError(f"{workdir} holds a run with a different config ({details}); resume it "
+                     "with its own config (see its config.json) or use a new workdir")
+  if old.get("steps") != new.get("steps") and new.get("optimizer.decay", "constant") != \
+      "constant":
+    raise ValueError(f"{workdir}: changing steps ({old.get('steps')} -> {new.get('steps')}) "
+                     f"would change the {new['optimizer.decay']} learning-rate schedule of the "
+                     "run being resumed; use a new workdir")
+
+
 def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_data,
         eval_examples: Sequence[Mapping[str, Any]], reward_fn: RewardModel, grader,
         progress: bool = True) -> dict:
@@ -296,10 +339,13 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
   from tqdm import tqdm
 
   os.makedirs(workdir, exist_ok=True)
+  ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  saved = ckpt.latest_meta()
+  if saved is not None:
+    check_resumable(saved[1].get("config", {}), _config_to_dict(config), workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(_config_to_dict(config), f, indent=2)
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.get("tensorboard", True))
-  ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
   base_rng = jax.random.key(config.seed)
   state = algorithm.init_state(model.params, jax.random.fold_in(base_rng, 0x5EED))
   start_step = 0
@@ -309,6 +355,8 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     train_data.set_state(data_state)
     writer.truncate_after(start_step)
     log.info("resumed from step %d in %s", start_step, ckpt.directory)
+  else:
+    writer.truncate_after(-1)  # logs of a run that left no usable checkpoint: start over
 
   sampling = sampler_lib.SamplingConfig(
       max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -364,7 +412,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         generated = int(np.asarray(r.seq.completion_mask).sum())
         seq_tokens = generated + int(np.asarray(r.seq.prompt_mask).sum())
         record = {
-            **rollout_metrics(r, config.group_size),
+            **rollout_metrics(r, config.group_size, config.max_new_tokens),
             **{k: float(v) for k, v in update_metrics.items()},
             "skipped_updates": total_skipped,
             "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,
@@ -396,7 +444,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
           save(step)
           log.warning("checkpointed step %d after SIGTERM; exiting", step)
           raise SystemExit(143)
-      if config.eval_every and step % config.eval_every != 0:
+      if config.eval_every and step % config.eval_every != 0 and step > start_step:
         last_eval = run_eval(step)
     finally:
       bar.close()

@@ -177,14 +177,12 @@ def test_validation_names_the_problem():
     grpo.validate(config)
 
 
-@registry.register("policy_loss", "test_always_nan")
-def _always_nan(logp, old_logp, advantages, mask, aggregation="token-mean"):
-  del old_logp, advantages, aggregation
+def _always_nan(logp, old_logp, advantages, mask, aggregation="token-mean", normalizer=None):
+  del old_logp, advantages, aggregation, normalizer
   loss = jnp.sum(logp * mask) * jnp.nan
   return loss, {"pg_loss": loss}
 
 
-@registry.register("reward", "test_first_char_parity")
 def _first_char_parity(completions, examples):
   del examples
   return np.array([ord(c[0]) % 2 if c else 0 for c in completions], np.float32)
@@ -194,7 +192,8 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path):
   config = grpo_arithmetic.get_config("tiny")
   config.policy_loss, config.loss_kwargs = "test_always_nan", {}
   config.max_consecutive_nonfinite, config.steps, config.eval_every = 3, 10, 0
-  with pytest.raises(rl_loop.TrainingStopped, match="3 consecutive updates had a non-finite"):
+  with registry.registered("policy_loss", "test_always_nan", _always_nan), \
+      pytest.raises(rl_loop.TrainingStopped, match="3 consecutive updates had a non-finite"):
     grpo.train(config, str(tmp_path), progress=False)
   train = _records(str(tmp_path), "train")
   assert [r["skipped_updates"] for r in train] == [1, 2, 3]
@@ -227,7 +226,8 @@ def test_export_workdir_writes_the_trained_policy(tmp_path):
   config.optimizer.learning_rate = 1e-2
   config.rewards = {"test_first_char_parity": 1.0}  # rewards that vary, so the params move
   workdir, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  grpo.train(config, workdir, progress=False)
+  with registry.registered("reward", "test_first_char_parity", _first_char_parity):
+    grpo.train(config, workdir, progress=False)
   trained, _, _ = checkpointing.latest_policy_params(workdir)
   code = subprocess.run([sys.executable, "-m", "jaxrl_agents.export", "--workdir", workdir,
                          "--out", out], cwd=REPO, capture_output=True, text=True)
@@ -270,3 +270,32 @@ def test_tiny_model_learns_a_tiny_task(tmp_path):
   assert np.mean([r["reward_mean"] for r in train[:5]]) <= 0.2
   assert last_eval["accuracy"] >= 0.9 and last_eval["reward_mean"] >= 0.9, evals
   assert elapsed < 120
+
+
+def test_resume_with_a_changed_config_is_refused(tmp_path):
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every = 1, 0
+  grpo.train(config, str(tmp_path), progress=False)
+  changed = grpo_arithmetic.get_config("tiny")
+  changed.steps, changed.eval_every = 2, 0
+  changed.optimizer.learning_rate = 5e-4
+  with pytest.raises(ValueError, match=r"different config \(optimizer.learning_rate: 0.001 -> "
+                                       r"0.0005\).*new workdir"):
+    grpo.train(changed, str(tmp_path), progress=False)
+  assert checkpointing.Checkpointer(str(tmp_path)).steps() == [1]  # nothing set aside
+  # Longer runs and logging changes are fine (constant learning rate).
+  longer = grpo_arithmetic.get_config("tiny")
+  longer.steps, longer.eval_every, longer.sample_every = 2, 0, 0
+  grpo.train(longer, str(tmp_path), progress=False)
+  assert [r["step"] for r in _records(str(tmp_path), "train")] == [1, 2]
+
+
+def test_grpo_rejects_estimators_it_cannot_feed():
+  config = grpo_arithmetic.get_config("tiny")
+  config.advantage = "gae"
+  with pytest.raises(ValueError, match="'gae' is not a group estimator"):
+    grpo.validate(config)
+  config = grpo_arithmetic.get_config("tiny")
+  config.temperature = 0.0
+  with pytest.raises(ValueError, match="temperature must be > 0"):
+    grpo.validate(config)

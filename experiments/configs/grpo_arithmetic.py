@@ -8,12 +8,14 @@ accepts the reply's final answer, plus 0.2 for a reply under 40 characters.
   python -m experiments.grpo --config=experiments/configs/grpo_arithmetic.py \
       --workdir=runs/grpo_arithmetic
 
-Expected on a 2-core CPU: see the README's "Main job" section for the measured
-held-out accuracy before/after and the wall time.
+Expected on a 2-core CPU (measured): held-out strict accuracy on the 100-question
+test split 0.32 before training, 0.53 after 25 steps, 0.56 after 50; about 22
+minutes wall (about 22 s per step after the first, which compiles). Details in
+the README's "Main job" section.
 
 Variants (`--config=...grpo_arithmetic.py:VARIANT`):
   tiny   the tiny random model, 3 prompts x 4 rollouts, 16 new tokens: a smoke
-         test of every artifact in about a minute (the reward stays near 0).
+         test of every artifact in about 20 s (the reward stays near 0).
 """
 
 import ml_collections
@@ -27,7 +29,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   # Data: a registered task ("arithmetic/<config>", "countdown") or a JSONL file.
   c.task = "arithmetic/mixed"
-  c.jsonl_path = ""
+  c.jsonl_path = ""  # your own prompts: {"prompt": ..., "answer": ...} per line
+  c.eval_jsonl_path = ""  # held-out prompts for a JSONL run (else it evaluates on training rows)
   c.eval_split = "test"
   c.eval_size = 200
   c.prompt_template = "{question} Answer with just the number."

@@ -30,7 +30,8 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
 
 
 def entropy_bonus(
-    entropy: jax.Array, mask: jax.Array, *, aggregation: str = "token-mean"
+    entropy: jax.Array, mask: jax.Array, *, aggregation: str = "token-mean",
+    normalizer: float | None = None
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Aggregated entropy of the policy tokens; subtract coef * this from the loss.
 
@@ -38,10 +39,11 @@ def entropy_bonus(
     entropy: f32[B, T] per-token entropy (from `entropy_from_logits`).
     mask: bool[B, T] policy tokens.
     aggregation: a registered aggregation mode.
+    normalizer: the constant of "seq-mean-token-sum-norm".
 
   Returns:
     (scalar entropy, {"entropy": same}).
   """
   check_bt(entropy=entropy, mask=mask)
-  value = aggregate(entropy, mask, aggregation)
+  value = aggregate(entropy, mask, aggregation, normalizer)
   return value, {"entropy": value}

@@ -90,6 +90,7 @@ def kl_loss(
     *,
     estimator: str = "k3",
     aggregation: str = "token-mean",
+    normalizer: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """KL to the reference as a loss term (GRPO adds beta times this to the policy loss).
 
@@ -99,13 +100,14 @@ def kl_loss(
     mask: bool[B, T] policy tokens.
     estimator: a registered "kl" name.
     aggregation: a registered aggregation mode.
+    normalizer: the constant of "seq-mean-token-sum-norm".
 
   Returns:
     (scalar KL, {"kl": same}).
   """
   check_bt(logp=logp, ref_logp=ref_logp, mask=mask)
   per_token = registry.get("kl", estimator)(logp, ref_logp)
-  value = aggregate(per_token, mask, aggregation)
+  value = aggregate(per_token, mask, aggregation, normalizer)
   return value, {"kl": value}
 
 

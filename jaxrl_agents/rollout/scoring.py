@@ -50,16 +50,45 @@ def completion_hidden(params, cfg: transformer.TransformerConfig, batch: Sequenc
   return hidden[:, lp - 1: lp - 1 + n]
 
 
+def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
+                   temperature: float = 1.0, with_entropy: bool = False
+                   ) -> tuple[jax.Array, jax.Array | None]:
+  """log pi_T(token) under softmax(logits / T), and optionally the entropy of pi_T.
+
+  The temperature is the sampler's: the importance ratio, the KL and the
+  policy gradient then refer to the distribution that produced the samples
+  (as in verl and TRL). Top-k / top-p truncation is not applied here.
+
+  Args:
+    logits: f32[B, N, V].
+    tokens: int32[B, N] the sampled tokens.
+    mask: bool[B, N] the policy's tokens.
+    temperature: the sampling temperature (> 0).
+    with_entropy: also return the entropy at each position.
+
+  Returns:
+    (logp f32[B, N] (0 where mask is False), entropy f32[B, N] or None).
+  """
+  if temperature != 1.0:
+    logits = logits / temperature
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+  logp = jnp.where(mask, logp, 0.0)
+  entropy = entropy_from_logits(logits) if with_entropy else None
+  return logp, entropy
+
+
 def completion_logprobs(
     params, cfg: transformer.TransformerConfig, batch: SequenceBatch, *,
-    with_entropy: bool = False
+    temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[jax.Array, jax.Array | None]:
-  """log pi(y_j | x, y_<j) for every completion token.
+  """log pi_T(y_j | x, y_<j) for every completion token.
 
   Args:
     params: policy parameters.
     cfg: the architecture.
     batch: the token streams.
+    temperature: the sampling temperature the completions were drawn at.
     with_entropy: also return the policy entropy at each completion position.
 
   Returns:
@@ -67,8 +96,5 @@ def completion_logprobs(
   """
   hidden = completion_hidden(params, cfg, batch)
   logits = transformer.lm_head(params, hidden, cfg)
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  logp = jnp.take_along_axis(log_probs, batch.completion_tokens[..., None], axis=-1)[..., 0]
-  logp = jnp.where(batch.completion_mask, logp, 0.0)
-  entropy = entropy_from_logits(logits) if with_entropy else None
-  return logp, entropy
+  return token_logprobs(logits, batch.completion_tokens, batch.completion_mask,
+                        temperature=temperature, with_entropy=with_entropy)
