@@ -29,11 +29,15 @@ setup(
         "absl-py>=2.1,<3",
         "tqdm>=4.66,<5",
         "tensorboardX>=2.6,<3",
+        "pandas>=2.2,<4",
+        "matplotlib>=3.8,<4",
         "numpy>=1.26,<3",
         "jinja2>=3.1,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "ruff>=0.8,<0.18"],
+        "test": ["pytest>=8,<10", "ruff>=0.8,<0.18",
+                 # notebooks are executed headless by the test suite
+                 "nbclient>=0.10,<0.12", "nbformat>=5.10,<6", "ipykernel>=6.29,<8"],
         # torch==2.13.0 resolves to the CPU build on the project's machines;
         # a looser torch requirement pulls the multi-GB CUDA build.
         "parity": ["torch==2.13.0", "accelerate>=1.0,<2"],
