@@ -40,6 +40,9 @@ def validate_common(config) -> None:
               "minibatches", "checkpoint_every", "keep_checkpoints"):
     if config[key] < 1:
       raise ValueError(f"config.{key} must be >= 1, got {config[key]}")
+  for key in ("time_budget_s", "eval_every_s"):
+    if config.get(key, 0) < 0:
+      raise ValueError(f"config.{key} must be >= 0 (0 turns it off), got {config[key]}")
   batch = config.prompts_per_step * config.group_size
   if batch % config.minibatches:
     raise ValueError(f"prompts_per_step * group_size = {batch} is not divisible by "

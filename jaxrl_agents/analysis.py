@@ -68,10 +68,15 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   records = pd.DataFrame(metrics_lib.read_jsonl(path))
   if records.empty:
     records = pd.DataFrame(columns=["step", "kind"])
-  train = _numeric(records[records["kind"] == "train"].drop(columns="kind").copy())
-  train = train.dropna(axis=1, how="all").set_index("step").sort_index()
-  evals = _numeric(records[records["kind"] == "eval"].drop(columns="kind").copy())
-  evals = evals.dropna(axis=1, how="all").set_index("step").sort_index()
+
+  def table(kind):
+    rows = _numeric(records[records["kind"] == kind].drop(columns="kind").copy())
+    rows = rows.dropna(axis=1, how="all")
+    if "step" not in rows:  # no record of this kind (e.g. no evaluation yet)
+      return pd.DataFrame(index=pd.Index([], name="step", dtype=int))
+    return rows.set_index("step").sort_index()
+
+  train, evals = table("train"), table("eval")
   samples = pd.DataFrame(metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.SAMPLES_FILE)))
   config = {}
   if os.path.exists(os.path.join(workdir, "config.json")):
@@ -103,6 +108,27 @@ def smooth(series: pd.Series, weight: float = 0.6) -> pd.Series:
 
 
 X_AXES = ("step", "tokens", "wall_s")
+
+# Multi-turn runs log per-turn scalars as "turn<k>/<name>" (k = 0, 1, ...), for
+# example turn0/reward_mean, turn1/advantage_mean.
+_TURN_PREFIX = "turn"
+
+
+def turn_table(run: Run, name: str) -> pd.DataFrame:
+  """Per-turn metric `name` as a table: one row per step, one column per turn (0, 1, ...).
+
+  Empty when the run logged no per-turn values of `name` (single-turn runs).
+  """
+  columns = {}
+  for col in run.train.columns:
+    head, _, tail = col.partition("/")
+    if tail == name and head.startswith(_TURN_PREFIX) and head[len(_TURN_PREFIX):].isdigit():
+      columns[int(head[len(_TURN_PREFIX):])] = run.train[col]
+  if not columns:
+    return pd.DataFrame(index=run.train.index)
+  table = pd.DataFrame(columns).sort_index(axis=1)
+  table.columns.name = "turn"
+  return table
 
 
 def compare(runs: Sequence[Run | str], metric: str, x: str = "step", kind: str = "train"

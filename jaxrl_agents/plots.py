@@ -5,7 +5,9 @@ r"""PNG plots of one or more training runs, overlaid with a legend.
 Writes one PNG per panel group into --out (reward.png with the total and each
 reward component, accuracy.png with training and held-out accuracy, then kl,
 entropy, clipping, length, grad_norm, throughput), plus overview.png with the
-main panels on one page. Panels a run did not log are left out. Prints the
+main panels on one page. Panels a run did not log are left out. Multi-turn
+runs (per-turn metrics logged as `turn<k>/reward_mean`, `turn<k>/advantage_mean`)
+also get step x turn heatmaps, turn_reward.png and turn_advantage.png. Prints the
 written paths, and any warning signs (`analysis.warnings`) on stderr.
 """
 
@@ -36,6 +38,8 @@ PANELS: dict[str, tuple[str, list[tuple[str, str]]]] = {
                                              ("train", "update_tokens_per_s")]),
     "value": ("critic", [("train", "value_loss"), ("train", "value_mean")]),
 }
+# Per-turn metrics of multi-turn runs, drawn as step x turn heatmaps.
+TURN_HEATMAPS = {"turn_reward": "reward_mean", "turn_advantage": "advantage_mean"}
 OVERVIEW = ("reward", "accuracy", "kl", "entropy", "length", "grad_norm")
 X_LABELS = {"step": "step", "tokens": "generated tokens", "wall_s": "wall-clock seconds"}
 
@@ -48,7 +52,19 @@ def _expand(run: analysis.Run, kind: str, metric: str) -> list[str]:
   return [metric] if metric in frame and frame[metric].notna().any() else []
 
 
-def _draw(ax, runs, entries, x: str, smoothing: float) -> bool:
+def draw_panel(ax, runs: Sequence[analysis.Run], name: str, x: str = "step",
+               smoothing: float = 0.6) -> bool:
+  """Draws panel `name` (a PANELS key) for `runs` on a matplotlib axis.
+
+  One colour per run, one line style per metric; held-out evaluations are
+  drawn with markers. Returns False (and draws nothing) when no run logged
+  any of the panel's metrics.
+  """
+  if name not in PANELS:
+    raise ValueError(f"unknown panel {name!r}; panels are {sorted(PANELS)}")
+  if x not in X_LABELS:
+    raise ValueError(f"x must be one of {sorted(X_LABELS)}, got {x!r}")
+  title, entries = PANELS[name]
   drawn = False
   for i, run in enumerate(runs):
     color = f"C{i % 10}"
@@ -65,7 +81,29 @@ def _draw(ax, runs, entries, x: str, smoothing: float) -> bool:
         ax.plot(xs, y.to_numpy(), linestyle=next(styles), marker=marker, color=color,
                 label=label, linewidth=1.4)
         drawn = True
+  if drawn:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(X_LABELS[x], fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
   return drawn
+
+
+def draw_turn_heatmap(ax, run: analysis.Run, name: str) -> bool:
+  """Heatmap of per-turn metric `name` (turn on y, step on x); False if not logged."""
+  table = analysis.turn_table(run, name)
+  if table.empty or table.shape[1] == 0:
+    return False
+  image = ax.imshow(table.to_numpy(dtype=float).T, aspect="auto", origin="lower",
+                    cmap="viridis", interpolation="nearest",
+                    extent=(table.index.min() - 0.5, table.index.max() + 0.5,
+                            -0.5, table.shape[1] - 0.5))
+  ax.figure.colorbar(image, ax=ax)
+  ax.set_yticks(range(table.shape[1]), [str(t) for t in table.columns])
+  ax.set_xlabel("step", fontsize=8)
+  ax.set_ylabel("turn", fontsize=8)
+  ax.set_title(f"{run.name}: per-turn {name}", fontsize=9)
+  return True
 
 
 def plot_runs(workdirs: Sequence[str], out: str, x: str = "step", smoothing: float = 0.6,
@@ -84,26 +122,28 @@ def plot_runs(workdirs: Sequence[str], out: str, x: str = "step", smoothing: flo
   runs = [analysis.load_run(w, n) for w, n in zip(workdirs, names, strict=True)]
   os.makedirs(out, exist_ok=True)
   written = []
-  for name, (title, entries) in PANELS.items():
+  for name in PANELS:
     fig, ax = plt.subplots(figsize=(7, 4))
-    if _draw(ax, runs, entries, x, smoothing):
-      ax.set_title(title)
-      ax.set_xlabel(X_LABELS[x])
-      ax.grid(alpha=0.3)
-      ax.legend(fontsize=7)
+    if draw_panel(ax, runs, name, x, smoothing):
       fig.tight_layout()
       path = os.path.join(out, f"{name}.png")
       fig.savefig(path, dpi=110)
       written.append(path)
     plt.close(fig)
+  for run in runs:
+    for file_name, metric in TURN_HEATMAPS.items():
+      fig, ax = plt.subplots(figsize=(7, 4))
+      if draw_turn_heatmap(ax, run, metric):
+        fig.tight_layout()
+        suffix = f"_{run.name}" if len(runs) > 1 else ""
+        path = os.path.join(out, f"{file_name}{suffix}.png")
+        fig.savefig(path, dpi=110)
+        written.append(path)
+      plt.close(fig)
   fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
   for ax, name in zip(axes.flat, OVERVIEW, strict=True):
-    title, entries = PANELS[name]
-    if _draw(ax, runs, entries, x, smoothing):
-      ax.legend(fontsize=6)
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel(X_LABELS[x], fontsize=8)
-    ax.grid(alpha=0.3)
+    if not draw_panel(ax, runs, name, x, smoothing):
+      ax.set_title(f"{PANELS[name][0]} (not logged)", fontsize=9)
   fig.suptitle(", ".join(r.name for r in runs))
   fig.tight_layout()
   path = os.path.join(out, "overview.png")

@@ -282,7 +282,7 @@ def _config_to_dict(config) -> dict:
 RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
     "keep_checkpoints", "sample_every", "samples_per_log", "tensorboard",
-    "max_consecutive_nonfinite"})
+    "max_consecutive_nonfinite", "time_budget_s", "eval_every_s"})
 
 
 def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -322,6 +322,13 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         progress: bool = True) -> dict:
   """Trains for config.steps rollout steps, resuming from the workdir's latest checkpoint.
 
+  Training time (`train_time_s` in the records) is the wall-clock spent in
+  rollouts and updates, compilation included, evaluation and checkpointing
+  excluded; it carries over a resume. With `config.time_budget_s > 0` the run
+  stops at the first step that reaches that much training time, and with
+  `config.eval_every_s > 0` it also evaluates each time training time crosses
+  a multiple of it (runs that stop on time are not bitwise reproducible).
+
   Args:
     config: the experiment's ConfigDict (see experiments/configs/).
     workdir: the run directory.
@@ -348,10 +355,11 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.get("tensorboard", True))
   base_rng = jax.random.key(config.seed)
   state = algorithm.init_state(model.params, jax.random.fold_in(base_rng, 0x5EED))
-  start_step = 0
+  start_step, train_time = 0, 0.0
   restored = ckpt.restore_latest(state)
   if restored is not None:
-    start_step, state, data_state, _ = restored
+    start_step, state, data_state, meta = restored
+    train_time = float(meta.get("train_time_s", 0.0))
     train_data.set_state(data_state)
     writer.truncate_after(start_step)
     log.info("resumed from step %d in %s", start_step, ckpt.directory)
@@ -367,7 +375,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
                        system=config.get("system_prompt") or None)
 
   def run_eval(step):
-    if not config.eval_every or not eval_examples:
+    if not (config.eval_every or eval_every_s) or not eval_examples:
       return {}
     t0 = time.perf_counter()
     result, samples = evaluate(
@@ -375,6 +383,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
         **prompt_kwargs)
     result["eval_time_s"] = time.perf_counter() - t0
+    result["train_time_s"] = train_time
     writer.write_scalars(step, result, kind="eval")
     writer.write_samples(step, samples[:config.samples_per_log], kind="eval")
     log.info("eval at step %d: accuracy %.3f (%d examples, %.1fs)", step, result["accuracy"],
@@ -383,7 +392,13 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
 
   def save(step):
     ckpt.save(step, state, train_data.get_state(),
-              {"config": _config_to_dict(config), "seed": config.seed, "step": step})
+              {"config": _config_to_dict(config), "seed": config.seed, "step": step,
+               "train_time_s": train_time})
+
+  budget = float(config.get("time_budget_s", 0.0) or 0.0)
+  eval_every_s = float(config.get("eval_every_s", 0.0) or 0.0)
+  next_timed_eval = (math.floor(train_time / eval_every_s) + 1) * eval_every_s \
+      if eval_every_s else math.inf
 
   last_eval = {}
   if start_step == 0:
@@ -408,6 +423,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         update_metrics = jax.device_get(update_metrics)
         t2 = time.perf_counter()
         step += 1
+        train_time += t2 - t0
         consecutive, total_skipped = algorithm.nonfinite_count(state)
         generated = int(np.asarray(r.seq.completion_mask).sum())
         seq_tokens = generated + int(np.asarray(r.seq.prompt_mask).sum())
@@ -416,6 +432,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
             **{k: float(v) for k, v in update_metrics.items()},
             "skipped_updates": total_skipped,
             "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,
+            "train_time_s": train_time,
             "rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
             "update_tokens_per_s": seq_tokens * config.get("epochs", 1) / max(t2 - t1, 1e-9),
             "compile_time_s": compile_seconds() - compile_before,
@@ -436,16 +453,28 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
               f"{step}); stopping. The last good checkpoint is intact in {ckpt.directory}.")
         if not math.isfinite(record["reward_mean"]):
           raise TrainingStopped(f"non-finite rewards at step {step}")
-        if config.eval_every and step % config.eval_every == 0:
-          last_eval = run_eval(step)
-        if step % config.checkpoint_every == 0 or step == config.steps:
+        out_of_time = budget > 0 and train_time >= budget
+        timed_eval = train_time >= next_timed_eval
+        if timed_eval:
+          next_timed_eval = (math.floor(train_time / eval_every_s) + 1) * eval_every_s
+        evaluated = False
+        if (config.eval_every and step % config.eval_every == 0) or (
+            timed_eval and not out_of_time):
+          last_eval, evaluated = run_eval(step), True
+        if step % config.checkpoint_every == 0 or step == config.steps or out_of_time:
           save(step)
+        if out_of_time:
+          log.info("time budget of %.0f s reached at step %d", budget, step)
+          if not evaluated:
+            last_eval = run_eval(step)
+          break
         if preemption.requested:
           save(step)
           log.warning("checkpointed step %d after SIGTERM; exiting", step)
           raise SystemExit(143)
-      if config.eval_every and step % config.eval_every != 0 and step > start_step:
-        last_eval = run_eval(step)
+      else:  # the step budget ran out (not the time budget)
+        if config.eval_every and step % config.eval_every != 0 and step > start_step:
+          last_eval = run_eval(step)
     finally:
       bar.close()
       writer.close()

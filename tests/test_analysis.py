@@ -105,3 +105,23 @@ def test_plots_command_overlays_runs(tmp_path):
 def test_plots_errors_name_the_problem(tmp_path, capsys):
   assert plots.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
   assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_per_turn_metrics_become_a_table_and_heatmaps(tmp_path):
+  workdir = str(tmp_path / "multi")
+  writer = metrics_lib.MetricWriter(workdir, tensorboard=False)
+  for s in range(1, 6):
+    writer.write_scalars(s, {"reward_mean": 0.1 * s, "turn0/reward_mean": 0.1 * s,
+                             "turn2/reward_mean": 0.3 * s, "turn1/reward_mean": 0.2 * s,
+                             "turn0/advantage_mean": 0.0, "turn1/advantage_mean": 1.0})
+  writer.close()
+  run = analysis.load_run(workdir)
+  table = analysis.turn_table(run, "reward_mean")
+  assert list(table.columns) == [0, 1, 2] and list(table.index) == [1, 2, 3, 4, 5]
+  np.testing.assert_allclose(table.loc[5].to_numpy(), [0.5, 1.0, 1.5])
+  assert analysis.turn_table(run, "value_mean").empty
+  written = plots.plot_runs([workdir], str(tmp_path / "png"))
+  assert {"turn_reward.png", "turn_advantage.png"} <= {os.path.basename(p) for p in written}
+  # single-turn runs get no heatmaps
+  single = plots.plot_runs([_write_run(tmp_path / "single")], str(tmp_path / "png1"))
+  assert not any("turn_" in os.path.basename(p) for p in single)

@@ -28,7 +28,7 @@ TRAIN_KEYS = {
     "skipped_updates", "learning_rate"}
 # Wall-clock measurements differ between any two runs; everything else must not.
 TIMING_KEYS = {"rollout_time_s", "update_time_s", "step_time_s", "rollout_tokens_per_s",
-               "update_tokens_per_s", "compile_time_s", "eval_time_s"}
+               "update_tokens_per_s", "compile_time_s", "eval_time_s", "train_time_s"}
 
 
 def _records(workdir, kind=None):
@@ -299,3 +299,32 @@ def test_grpo_rejects_estimators_it_cannot_feed():
   config.temperature = 0.0
   with pytest.raises(ValueError, match="temperature must be > 0"):
     grpo.validate(config)
+
+
+def test_time_budget_stops_and_timed_evaluations(tmp_path):
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every, config.checkpoint_every = 50, 1000, 100
+  config.time_budget_s = 1e-6  # any step exceeds it: stop after step 1
+  grpo.train(config, str(tmp_path), progress=False)
+  train, evals = _records(str(tmp_path), "train"), _records(str(tmp_path), "eval")
+  assert [r["step"] for r in train] == [1] and [r["step"] for r in evals] == [0, 1]
+  spent = train[0]["train_time_s"]
+  assert spent == train[0]["step_time_s"] > 0 and evals[1]["train_time_s"] == spent
+  _, meta, step = checkpointing.latest_policy_params(str(tmp_path))
+  assert step == 1 and meta["train_time_s"] == spent
+  # Resuming with a larger budget carries the spent time over: one more step.
+  config.time_budget_s = spent + 1e-6
+  grpo.train(config, str(tmp_path), progress=False)
+  train = _records(str(tmp_path), "train")
+  assert [r["step"] for r in train] == [1, 2]
+  assert train[1]["train_time_s"] == pytest.approx(spent + train[1]["step_time_s"])
+
+
+def test_evaluations_every_so_many_seconds(tmp_path):
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every = 3, 0
+  config.eval_every_s = 1e-6  # every step crosses a mark
+  grpo.train(config, str(tmp_path), progress=False)
+  evals = _records(str(tmp_path), "eval")
+  assert [r["step"] for r in evals] == [0, 1, 2, 3]
+  assert [r["train_time_s"] for r in evals] == sorted(r["train_time_s"] for r in evals)
