@@ -93,12 +93,12 @@ def run_trl(paths, out, budget_s, eval_every_s) -> list[dict]:
   return read_jsonl(os.path.join(trl_out, "evals.jsonl"))
 
 
-def run_ours(paths, out, budget_s, eval_every_s, overrides) -> list[dict]:
+def run_ours(paths, out, budget_s, eval_every_s, eval_size, overrides) -> list[dict]:
   workdir = os.path.join(out, "ours")
   start = time.perf_counter()
   run([sys.executable, "-m", "experiments.grpo", f"--config={CONFIG}", f"--workdir={workdir}",
        f"--config.time_budget_s={budget_s}", f"--config.eval_every_s={eval_every_s}",
-       *overrides], os.path.join(out, "ours.log"))
+       f"--config.eval_size={eval_size}", *overrides], os.path.join(out, "ours.log"))
   print(f"project side done in {(time.perf_counter() - start) / 60:.1f} min of wall-clock",
         flush=True)
   records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -174,8 +174,8 @@ def main() -> int:
     shutil.rmtree(os.path.join(args.out, "ours"))  # a race starts from the initial weights
   trl = run_trl(paths, args.out, budget_s, eval_every_s) if "trl" in sides else \
       read_jsonl(os.path.join(args.out, "trl", "evals.jsonl"))
-  ours = run_ours(paths, args.out, budget_s, eval_every_s, [f"--config.{o}" for o in
-                                                            args.override]) \
+  ours = run_ours(paths, args.out, budget_s, eval_every_s, args.eval_size,
+                  [f"--config.{o}" for o in args.override]) \
       if "ours" in sides else [r for r in read_jsonl(os.path.join(args.out, "ours",
                                                                   "metrics.jsonl"))
                                if r["kind"] == "eval"]
@@ -198,7 +198,8 @@ def main() -> int:
                "acc_end_transformers": ours_hf,
                "evals": [(round(e["train_time_s"] / 60, 2), e["accuracy"]) for e in ours]},
       "minutes_to_reach_trl_final": None if reach is None else round(reach, 2),
-      "speedup_to_trl_final": None if not reach else round(args.budget_min / reach, 2),
+      # None when never reached, or reached before any training (no finite ratio).
+      "speedup_to_trl_final": round(args.budget_min / reach, 2) if reach else None,
   }
   plot(trl, ours, os.path.join(args.out, "race.png"), args.budget_min)
   with open(os.path.join(args.out, "race.json"), "w") as f:

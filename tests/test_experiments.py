@@ -328,3 +328,17 @@ def test_evaluations_every_so_many_seconds(tmp_path):
   evals = _records(str(tmp_path), "eval")
   assert [r["step"] for r in evals] == [0, 1, 2, 3]
   assert [r["train_time_s"] for r in evals] == sorted(r["train_time_s"] for r in evals)
+
+
+@pytest.mark.parametrize("module, variant", [
+    ("grpo_arithmetic", None), ("grpo_arithmetic", "tiny"), ("ppo_arithmetic", None),
+    ("ppo_arithmetic", "tiny"), ("grpo_countdown", None), ("grpo_race", None),
+    ("grpo_race", "tiny")])
+def test_every_shipped_config_validates(module, variant):
+  import importlib
+
+  config = importlib.import_module(f"experiments.configs.{module}").get_config(variant)
+  (ppo if module.startswith("ppo") else grpo).validate(config)
+  config.time_budget_s = -1.0
+  with pytest.raises(ValueError, match="time_budget_s must be >= 0"):
+    (ppo if module.startswith("ppo") else grpo).validate(config)

@@ -15,7 +15,10 @@ The hyperparameters below differ from TRL's race settings (2 prompts x 8,
 learning rate 5e-6, temperature 1.0, DAPO token-mean loss): they start from
 the main job's measured settings (experiments/configs/grpo_arithmetic.py: 4
 prompts x 8, learning rate 2e-5, temperature 0.8, clip 0.2/0.28, token-mean).
-See the README's learning-race section for the measured race.
+No sweep has been run yet. Measured in one 30-minute race on a 2-core CPU
+(README, "Learning race"): held-out accuracy 0.26 -> 0.52 (5 min) -> 0.66 (10)
+-> 0.71 (15) -> 0.64 (30), against TRL's 0.26 -> 0.71 at 30 minutes; entropy
+collapses to ~0.04 nats per token after 15 minutes.
 """
 
 import ml_collections
