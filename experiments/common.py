@@ -47,6 +47,10 @@ def validate_common(config) -> None:
   if batch % config.minibatches:
     raise ValueError(f"prompts_per_step * group_size = {batch} is not divisible by "
                      f"minibatches = {config.minibatches}")
+  if config.get("share_prompt", False) and (config.prompts_per_step % config.minibatches):
+    raise ValueError(f"share_prompt keeps each prompt's group in one minibatch: "
+                     f"prompts_per_step = {config.prompts_per_step} is not divisible by "
+                     f"minibatches = {config.minibatches} (or set share_prompt=False)")
 
 
 def load_model(config) -> zoo.Model:

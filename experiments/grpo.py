@@ -67,8 +67,11 @@ class GRPO:
     # With one update per rollout the sampling policy is the current one: the
     # ratio is exactly 1, and recomputing old log-probs would be a wasted pass.
     self.on_policy = config.epochs * config.minibatches == 1
+    # Rows sharing a prompt run it through the model once (see completion_hidden).
+    self.prompt_group = config.group_size if config.get("share_prompt", False) else 1
     self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg,
-                                            temperature=config.temperature))
+                                            temperature=config.temperature,
+                                            group_size=self.prompt_group))
     self._update = jax.jit(self._update_impl, donate_argnums=0)
 
   def init_state(self, params, rng):
@@ -100,7 +103,8 @@ class GRPO:
     c = self.config
     mask = batch.seq.completion_mask
     logp, entropy = completion_logprobs(params, self.model_cfg, batch.seq,
-                                        temperature=c.temperature, with_entropy=True)
+                                        temperature=c.temperature, with_entropy=True,
+                                        group_size=self.prompt_group)
     old_logp = jax.lax.stop_gradient(logp) if self.on_policy else batch.old_logp
     norm = c.max_new_tokens  # the "seq-mean-token-sum-norm" constant, fixed across steps
     loss, metrics = self.loss_fn(logp, old_logp, batch.advantages, mask,
@@ -121,7 +125,8 @@ class GRPO:
   def _update_impl(self, state: GRPOState, batch: GRPOBatch, rng):
     params, opt_state, metrics, n = optim_lib.minibatch_updates(
         self.loss, self.tx, state.params, state.opt_state, batch, rng,
-        epochs=self.config.epochs, minibatches=self.config.minibatches)
+        epochs=self.config.epochs, minibatches=self.config.minibatches,
+        group_size=self.prompt_group)
     # `updates` counts applied updates, like the optimizer's own step count
     # (skipped non-finite updates advance neither), so the logged rate is the one used.
     metrics["learning_rate"] = self.schedule(state.updates)

@@ -68,9 +68,12 @@ class PPO:
         config.optimizer.learning_rate, n_updates, config.optimizer.warmup_updates,
         config.optimizer.decay, config.optimizer.end_fraction)
     self.loss_fn = registry.get("policy_loss", config.policy_loss)
+    # Rows sharing a prompt run it through the model once (see completion_hidden).
+    self.prompt_group = config.group_size if config.get("share_prompt", False) else 1
     self._forward = jax.jit(self.forward)
     self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg,
-                                            temperature=config.temperature))
+                                            temperature=config.temperature,
+                                            group_size=self.prompt_group))
     self._update = jax.jit(self._update_impl, donate_argnums=0)
 
   def init_state(self, params, rng):
@@ -91,12 +94,13 @@ class PPO:
 
   def forward(self, params, seq: SequenceBatch, with_entropy: bool = False):
     """(logp f32[B, N], values f32[B, N], entropy f32[B, N] or None) of the completions."""
-    hidden = completion_hidden(params["policy"], self.model_cfg, seq)
+    hidden = completion_hidden(params["policy"], self.model_cfg, seq, group_size=self.prompt_group)
     logits = transformer.lm_head(params["policy"], hidden, self.model_cfg)
     logp, entropy = token_logprobs(logits, seq.completion_tokens, seq.completion_mask,
                                    temperature=self.config.temperature, with_entropy=with_entropy)
     if params["critic"] is not None:
-      hidden = completion_hidden(params["critic"], self.model_cfg, seq)
+      hidden = completion_hidden(params["critic"], self.model_cfg, seq,
+                                 group_size=self.prompt_group)
     values = heads.apply_scalar_head(params["value_head"], hidden)
     return logp, jnp.where(seq.completion_mask, values, 0.0), entropy
 
@@ -148,7 +152,8 @@ class PPO:
   def _update_impl(self, state: PPOState, batch: PPOBatch, rng):
     params, opt_state, metrics, n = optim_lib.minibatch_updates(
         self.loss, self.tx, state.params, state.opt_state, batch, rng,
-        epochs=self.config.epochs, minibatches=self.config.minibatches)
+        epochs=self.config.epochs, minibatches=self.config.minibatches,
+        group_size=self.prompt_group)
     # `updates` counts applied updates, like the optimizer's own step count
     # (skipped non-finite updates advance neither), so the logged rate is the one used.
     metrics["learning_rate"] = self.schedule(state.updates)

@@ -63,7 +63,7 @@ def make_optimizer(
 
 
 def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_state, batch,
-                      rng: jax.Array, *, epochs: int, minibatches: int):
+                      rng: jax.Array, *, epochs: int, minibatches: int, group_size: int = 1):
   """`epochs` shuffled passes of `minibatches` optimizer updates over `batch`, in one lax.scan.
 
   Args:
@@ -73,15 +73,22 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
     batch: a pytree whose leaves all have the batch size as leading axis.
     rng: permutation key.
     epochs, minibatches: static counts; the batch size must divide by `minibatches`.
+    group_size: shuffle whole groups of this many consecutive rows, never
+      splitting one (for losses that share work within a group, like a
+      group's common prompt); minibatches then hold whole groups.
 
   Returns:
     (params, opt_state, metrics averaged over the updates, number of updates).
   """
   batch_size = jax.tree.leaves(batch)[0].shape[0]
-  if batch_size % minibatches:
-    raise ValueError(f"batch size {batch_size} is not divisible by minibatches={minibatches}")
-  orders = jnp.stack([jax.random.permutation(k, batch_size)
-                      for k in jax.random.split(rng, epochs)])
+  if batch_size % (minibatches * group_size):
+    raise ValueError(f"batch size {batch_size} is not divisible into minibatches={minibatches} "
+                     f"of whole groups of {group_size}")
+  groups = batch_size // group_size
+  within = jnp.arange(group_size)
+  orders = jnp.stack([
+      (jax.random.permutation(k, groups)[:, None] * group_size + within).reshape(-1)
+      for k in jax.random.split(rng, epochs)])
   orders = orders.reshape(epochs * minibatches, batch_size // minibatches)
 
   def step(carry, order):

@@ -156,12 +156,19 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
             group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
             system: str | None, reward_fn: RewardModel,
             grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray]) -> Rollout:
-  """Samples `group_size` completions per example and scores them."""
+  """Samples `group_size` completions per example (one prefill per example) and scores them.
+
+  Rows are example-major: rows [i * G, (i + 1) * G) are example i's group.
+  """
+  unique_prompts = format_prompts(examples, template)
+  unique_tokens, unique_mask = encode(model.tokenizer, unique_prompts, chat=chat, system=system)
+  out = sampler_lib.generate(params, model.cfg, jnp.asarray(unique_tokens),
+                             jnp.asarray(unique_mask), rng, sampling,
+                             samples_per_prompt=group_size)
   examples = [ex for ex in examples for _ in range(group_size)]
-  prompts = format_prompts(examples, template)
-  tokens, mask = encode(model.tokenizer, prompts, chat=chat, system=system)
-  out = sampler_lib.generate(params, model.cfg, jnp.asarray(tokens), jnp.asarray(mask), rng,
-                             sampling)
+  prompts = [p for p in unique_prompts for _ in range(group_size)]
+  tokens = np.repeat(unique_tokens, group_size, axis=0)
+  mask = np.repeat(unique_mask, group_size, axis=0)
   host_tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   completions = decode(model.tokenizer, host_tokens, lengths, sampling.stop_tokens)
   total, components = reward_fn(completions, examples)

@@ -171,6 +171,24 @@ def test_padded_batch_equals_each_prompt_alone(tiny_model):
     np.testing.assert_allclose(batch.logprobs[i], alone.logprobs[0], atol=2e-5)
 
 
+def test_samples_per_prompt_equals_repeating_each_prompt(tiny_model):
+  """One prefill per prompt, repeated G times, samples what G copies of the prompt would."""
+  params, cfg = tiny_model.params, tiny_model.cfg
+  tokens, mask = tokenizer_lib.pad_left([[5, 9, 14, 20, 31], [7, 3]], pad_id=0, length=8)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=8, temperature=1.0, stop_tokens=(4,),
+                                        pad_id=0)
+  shared = sampler_lib.generate(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                                jax.random.key(5), sampling, samples_per_prompt=3)
+  copies = sampler_lib.generate(params, cfg, jnp.repeat(tokens, 3, 0), jnp.repeat(mask, 3, 0),
+                                jax.random.key(5), sampling)
+  assert shared.tokens.shape == (6, 8)
+  np.testing.assert_array_equal(shared.tokens, copies.tokens)
+  np.testing.assert_array_equal(shared.lengths, copies.lengths)
+  np.testing.assert_allclose(shared.logprobs, copies.logprobs, atol=2e-5)
+  # The samples of one prompt differ from each other (each row has its own noise).
+  assert len({tuple(row) for row in np.asarray(shared.tokens[:3]).tolist()}) > 1
+
+
 def test_deterministic_given_the_key(tiny_model):
   sampling = sampler_lib.SamplingConfig(max_new_tokens=6, temperature=1.0)
   _, a = _sample_first_tokens(tiny_model, [5, 6, 7], 4, sampling, seed=11)

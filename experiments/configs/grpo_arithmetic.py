@@ -62,6 +62,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.entropy_coef = 0.0
   c.epochs = 1
   c.minibatches = 1
+  # Each group's prompt goes through the model once per update, not once per
+  # completion (same gradient up to float rounding; tests/test_scoring.py).
+  c.share_prompt = True
 
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=2e-5, warmup_updates=0, decay="constant", end_fraction=0.0,

@@ -148,6 +148,18 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int,
       valid=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
+def repeat_cache(cache: KVCache, repeats: int) -> KVCache:
+  """Each row of the cache `repeats` times: row i becomes rows [i * repeats, (i + 1) * repeats).
+
+  Samples and completions of one prompt share its prefix: prefill the P
+  distinct prompts once, then repeat their cache for the P * repeats rows.
+  Differentiable: the gradient of a repeated row sums over its copies.
+  """
+  rep = lambda x: jnp.repeat(x, repeats, axis=0)
+  return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)), valid=rep(cache.valid),
+                 index=cache.index)
+
+
 def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
   """Random parameters (clipped-normal fan-in init, unit norms)."""
   pdt = _as_dtype(cfg.param_dtype)

@@ -137,34 +137,46 @@ def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig):
   return token, policy_logp, sampling_logp
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling"))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "samples_per_prompt"))
 def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, rng: jax.Array, sampling: SamplingConfig,
-             max_steps: jax.Array | int | None = None) -> SampleOutput:
+             max_steps: jax.Array | int | None = None,
+             samples_per_prompt: int = 1) -> SampleOutput:
   """Generates completions for left-padded prompts.
 
   Args:
     params: model parameters.
     cfg: the architecture (static).
-    prompt_tokens: int32[B, Lp], left-padded.
-    prompt_mask: bool[B, Lp], True on real prompt tokens (every row needs one).
+    prompt_tokens: int32[P, Lp], left-padded.
+    prompt_mask: bool[P, Lp], True on real prompt tokens (every row needs one).
     rng: PRNG key; results are a deterministic function of it.
     sampling: the SamplingConfig (static).
     max_steps: optional traced limit <= max_new_tokens, so one compiled buffer
       size serves several completion lengths.
+    samples_per_prompt: G (static): completions per prompt. Each prompt is
+      prefilled once and its cache repeated, so a group of G samples pays for
+      one prefill; the same as passing each prompt G times, in less time.
 
   Returns:
-    SampleOutput with N = sampling.max_new_tokens.
+    SampleOutput with B = P * G rows (prompt-major: row i is a sample of
+    prompt i // G) and N = sampling.max_new_tokens.
   """
+  if samples_per_prompt < 1:
+    raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
   batch, prompt_len = prompt_tokens.shape
+  batch *= samples_per_prompt
   n = sampling.max_new_tokens
-  cache = transformer.init_cache(cfg, batch, prompt_len + n)
+  cache = transformer.init_cache(cfg, prompt_tokens.shape[0], prompt_len + n)
   positions = transformer.positions_from_mask(prompt_mask)
   hidden, cache = transformer.apply(
       params, prompt_tokens, positions, cfg, segment_ids=prompt_mask.astype(jnp.int32),
       cache=cache, return_hidden=True)
   logits = transformer.lm_head(params, hidden[:, -1], cfg)
   next_position = prompt_mask.sum(axis=-1).astype(jnp.int32)
+  if samples_per_prompt > 1:
+    cache = transformer.repeat_cache(cache, samples_per_prompt)
+    logits = jnp.repeat(logits, samples_per_prompt, axis=0)
+    next_position = jnp.repeat(next_position, samples_per_prompt, axis=0)
   stop = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
   limit = jnp.minimum(n, n if max_steps is None else max_steps)
 

@@ -1,0 +1,127 @@
+"""Cost of one GRPO step's two halves, with and without sharing each group's prompt.
+
+  .venv/bin/python benchmarks/grpo_step.py
+  .venv/bin/python benchmarks/grpo_step.py --prompts 4 --group-size 8 --widths 16,48
+
+On SmolLM2-135M-Instruct in float32, for P chat-templated arithmetic questions
+x G completions (the race's shapes by default):
+
+- rollout: `sampler.generate` at temperature 1.0 with one prefill per prompt
+  (`samples_per_prompt=G`) against the same prompts repeated G times; both
+  draw the same tokens from the same key, so the work compared is identical.
+- update: the GRPO experiment's jitted update (loss, gradient, AdamW) on a
+  batch with completions of each width in --widths, with `share_prompt` on
+  (each prompt goes through the model once per group) and off (once per row).
+
+Each figure is the best of --repeats timed calls after a warm-up call; compile
+time is the warm-up's excess over the best call. The last line of output is
+one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import grpo
+from experiments.configs import grpo_race
+from jaxrl_agents import data as data_lib
+from jaxrl_agents import rl_loop
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.rollout.scoring import SequenceBatch
+
+
+def best_of(fn, repeats: int) -> tuple[float, float]:
+  """(compile seconds: first call minus best, best of `repeats` later calls)."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return max(0.0, first - min(times)), min(times)
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--prompts", type=int, default=4)
+  ap.add_argument("--group-size", type=int, default=8)
+  ap.add_argument("--max-new-tokens", type=int, default=48)
+  ap.add_argument("--widths", default="16,48", help="completion widths of the update batch")
+  ap.add_argument("--repeats", type=int, default=3)
+  args = ap.parse_args()
+  p, g = args.prompts, args.group_size
+
+  model = zoo.load("smollm2-135m-instruct")
+  config = grpo_race.get_config()
+  config.prompts_per_step, config.group_size = p, g
+  source = data_lib.load_task("arithmetic/mixed", "train")
+  examples = [source[i] for i in range(p)]
+  prompts = rl_loop.format_prompts(examples, config.prompt_template)
+  tokens, mask = rl_loop.encode(model.tokenizer, prompts, chat=True, system=None)
+  stop = tokenizer_lib.stop_token_ids(model.tokenizer)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
+                                        stop_tokens=stop, pad_id=model.tokenizer.pad_token_id)
+  print(f"{p} prompts x {g} completions, prompt width {tokens.shape[1]}, "
+        f"at most {args.max_new_tokens} new tokens", flush=True)
+
+  results = {"prompts": p, "group_size": g, "prompt_width": int(tokens.shape[1])}
+  key = jax.random.key(0)
+  rollout = {}
+  for name, (t, m, spp) in {
+      "repeated_prompts": (np.repeat(tokens, g, 0), np.repeat(mask, g, 0), 1),
+      "shared_prefill": (tokens, mask, g)}.items():
+    t, m = jnp.asarray(t), jnp.asarray(m)
+    compile_s, best = best_of(lambda t=t, m=m, spp=spp: sampler_lib.generate(
+        model.params, model.cfg, t, m, key, sampling, samples_per_prompt=spp).tokens,
+        args.repeats)
+    rollout[name] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
+    print(f"rollout {name:17s} {best:6.2f} s   (compile {compile_s:.1f} s)", flush=True)
+  rollout["speedup"] = round(rollout["repeated_prompts"]["seconds"]
+                             / rollout["shared_prefill"]["seconds"], 2)
+  results["rollout"] = rollout
+
+  rng = np.random.default_rng(0)
+  update = {}
+  for width in (int(w) for w in args.widths.split(",")):
+    lengths = rng.integers(1, width + 1, size=p * g)
+    completion_mask = np.arange(width)[None, :] < lengths[:, None]
+    completion = np.where(completion_mask, rng.integers(100, 1000, size=(p * g, width)), 0)
+    seq = SequenceBatch(jnp.repeat(jnp.asarray(tokens), g, 0), jnp.repeat(jnp.asarray(mask), g, 0),
+                        jnp.asarray(completion, jnp.int32), jnp.asarray(completion_mask))
+    zeros = jnp.zeros(completion.shape, jnp.float32)
+    batch = grpo.GRPOBatch(seq=seq, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
+                           old_logp=zeros, ref_logp=zeros)
+    row = {}
+    for share in (False, True):
+      config.share_prompt = share
+      algorithm = grpo.GRPO(config, model.cfg)
+      state = [algorithm.init_state(jax.tree.map(jnp.copy, model.params), key)]
+
+      def step(algorithm=algorithm, state=state, batch=batch):
+        state[0], metrics = algorithm.update(state[0], batch, key)
+        return metrics["loss"]
+
+      compile_s, best = best_of(step, args.repeats)
+      name = "shared_prompt" if share else "per_row"
+      row[name] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
+      print(f"update width {width:3d} {name:13s} {best:6.2f} s   (compile {compile_s:.1f} s)",
+            flush=True)
+      del state
+    row["speedup"] = round(row["per_row"]["seconds"] / row["shared_prompt"]["seconds"], 2)
+    update[str(width)] = row
+  results["update"] = update
+  print(json.dumps(results))
+
+
+if __name__ == "__main__":
+  main()
