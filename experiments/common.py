@@ -40,6 +40,8 @@ def validate_common(config) -> None:
               "minibatches", "checkpoint_every", "keep_checkpoints"):
     if config[key] < 1:
       raise ValueError(f"config.{key} must be >= 1, got {config[key]}")
+  if config.get("oversample", 1) < 1:
+    raise ValueError(f"config.oversample must be >= 1 (1 turns it off), got {config.oversample}")
   for key in ("time_budget_s", "eval_every_s"):
     if config.get(key, 0) < 0:
       raise ValueError(f"config.{key} must be >= 0 (0 turns it off), got {config[key]}")
@@ -80,11 +82,16 @@ def make_rewards(config):
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
 
 
+def rollout_prompts(config) -> int:
+  """Prompts sampled per step: prompts_per_step, times `oversample` when the update filters groups."""
+  return config.prompts_per_step * config.get("oversample", 1)
+
+
 def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: bool = True
                    ) -> dict:
   """Data and rewards from the config, then `rl_loop.run`."""
   train_source, eval_examples = task_examples(config)
-  loader = data_lib.make_loader(train_source, batch_size=config.prompts_per_step,
+  loader = data_lib.make_loader(train_source, batch_size=rollout_prompts(config),
                                 seed=config.seed)
   reward_fn, grader = make_rewards(config)
   return rl_loop.run(config, workdir, algorithm, model, train_data=loader,

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from experiments import common
@@ -46,6 +47,37 @@ class GRPOBatch(NamedTuple):
   advantages: jax.Array  # f32[B]
   old_logp: jax.Array  # f32[B, N] log-probs under the sampling policy (recomputed)
   ref_logp: jax.Array  # f32[B, N] under the reference (zeros without KL)
+
+
+def select_groups(seq: SequenceBatch, rewards: np.ndarray, keep: int
+                  ) -> tuple[SequenceBatch, np.ndarray]:
+  """The `keep` groups the update trains on, out of the sampled ones: groups with signal first.
+
+  A group whose rewards all tie has zero group-relative advantage and adds
+  nothing but compute (and dilution of a token mean) to the update. With
+  `oversample` > 1 a step samples more groups than it trains on and keeps
+  those with reward variance, in sampling order (the loader's order is already
+  random), topping up with tied groups when too few vary, so the update's
+  shape never changes: DAPO's dynamic sampling with a fixed batch instead of
+  resampling until full.
+
+  Args:
+    seq: the rollout's rows, groups of G consecutive rows.
+    rewards: f32[groups, G].
+    keep: groups to keep (<= groups).
+
+  Returns:
+    (the kept rows, their rewards f32[keep, G]).
+  """
+  groups, g = rewards.shape
+  if keep == groups:
+    return seq, rewards
+  if keep > groups:
+    raise ValueError(f"cannot keep {keep} groups of {groups} sampled")
+  tied = rewards.std(axis=1) == 0
+  kept = np.sort(np.argsort(tied, kind="stable")[:keep])
+  rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
+  return jax.tree.map(lambda x: x[rows], seq), rewards[kept]
 
 
 def total_updates(config) -> int:
@@ -89,12 +121,13 @@ class GRPO:
   def prepare(self, state, r: rl_loop.Rollout, rng) -> GRPOBatch:
     del rng
     p, g = self.config.prompts_per_step, self.config.group_size
-    rewards = jnp.asarray(r.rewards).reshape(p, g)
-    advantages = self.advantage_fn(rewards, **self.config.advantage_kwargs).reshape(-1)
-    zeros = jnp.zeros(r.seq.completion_tokens.shape, jnp.float32)
-    old_logp = zeros if self.on_policy else self._score(state.params, batch=r.seq)[0]
-    ref_logp = self._score(state.ref_params, batch=r.seq)[0] if self.config.kl_coef else zeros
-    return GRPOBatch(seq=r.seq, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp)
+    seq, rewards = select_groups(r.seq, np.asarray(r.rewards).reshape(-1, g), p)
+    advantages = self.advantage_fn(jnp.asarray(rewards),
+                                   **self.config.advantage_kwargs).reshape(-1)
+    zeros = jnp.zeros(seq.completion_tokens.shape, jnp.float32)
+    old_logp = zeros if self.on_policy else self._score(state.params, batch=seq)[0]
+    ref_logp = self._score(state.ref_params, batch=seq)[0] if self.config.kl_coef else zeros
+    return GRPOBatch(seq=seq, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp)
 
   def update(self, state, batch, rng):
     return self._update(state, batch, rng)

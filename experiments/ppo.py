@@ -170,6 +170,9 @@ def validate(config) -> None:
     registry.get("kl", config.kl_estimator)
   if config.critic not in CRITICS:
     raise ValueError(f"config.critic must be one of {CRITICS}, got {config.critic!r}")
+  if config.get("oversample", 1) != 1:
+    raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
+                     "on every sample (its critic is the baseline): set oversample=1")
 
 
 def train(config, workdir: str, progress: bool = True) -> dict:

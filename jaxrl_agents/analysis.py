@@ -82,8 +82,9 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   if os.path.exists(os.path.join(workdir, "config.json")):
     with open(os.path.join(workdir, "config.json")) as f:
       config = json.load(f)
-  # Generated tokens per step = mean completion length x batch (prompts x group).
-  batch = config.get("prompts_per_step", 1) * config.get("group_size", 1)
+  # Generated tokens per step = mean completion length x sampled rows (prompts x group).
+  batch = (config.get("prompts_per_step", 1) * config.get("oversample", 1)
+           * config.get("group_size", 1))
   if "response_length" in train:
     train["tokens"] = (train["response_length"] * batch).cumsum()
   if "step_time_s" in train:

@@ -17,6 +17,7 @@ from experiments.configs import grpo_arithmetic, ppo_arithmetic
 from jaxrl_agents import checkpointing, registry, rl_loop
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout.scoring import SequenceBatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO_TINY = os.path.join(REPO, "experiments", "configs", "grpo_arithmetic.py") + ":tiny"
@@ -166,11 +167,45 @@ def test_bad_config_fails_before_anything_runs(tmp_path, flag, message):
   assert time.monotonic() - start < 60
 
 
+def test_select_groups_keeps_groups_with_reward_variance_first():
+  rewards = np.array([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.2], [0.5, 0.5]], np.float32)
+  rows = jnp.arange(10)
+  seq = SequenceBatch(rows[:, None], rows[:, None] > -1, rows[:, None], rows[:, None] > -1)
+  kept, kept_rewards = grpo.select_groups(seq, rewards, keep=2)
+  np.testing.assert_array_equal(kept.prompt_tokens[:, 0], [2, 3, 6, 7])  # groups 1 and 3
+  np.testing.assert_array_equal(kept_rewards, rewards[[1, 3]])
+  # Too few groups vary: tied ones top up, in sampling order, and order is kept.
+  kept, kept_rewards = grpo.select_groups(seq, rewards, keep=3)
+  np.testing.assert_array_equal(kept.prompt_tokens[:, 0], [0, 1, 2, 3, 6, 7])
+  same, _ = grpo.select_groups(seq, rewards, keep=5)
+  assert same is seq
+  with pytest.raises(ValueError, match="cannot keep 6 groups of 5"):
+    grpo.select_groups(seq, rewards, keep=6)
+
+
+def test_tiny_grpo_with_oversampling(tmp_path):
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.oversample = 2, 3
+  grpo.train(config, str(tmp_path), progress=False)
+  train = _records(str(tmp_path), "train")
+  assert len(train) == 2 and all(np.isfinite(r["loss"]) for r in train)
+  _, meta, _ = checkpointing.latest_policy_params(str(tmp_path))
+  assert meta["step"] == 2
+
+
 def test_validation_names_the_problem():
   config = grpo_arithmetic.get_config("tiny")
   config.minibatches = 5
   with pytest.raises(ValueError, match="not divisible by minibatches = 5"):
     grpo.validate(config)
+  config = grpo_arithmetic.get_config("tiny")
+  config.oversample = 0
+  with pytest.raises(ValueError, match="oversample must be >= 1"):
+    grpo.validate(config)
+  config = ppo_arithmetic.get_config("tiny")
+  config.oversample = 2
+  with pytest.raises(ValueError, match="PPO trains on every sample"):
+    ppo.validate(config)
   config = grpo_arithmetic.get_config("tiny")
   config.rewards = {"math_strictt": 1.0}
   with pytest.raises(KeyError, match="math_strictt"):

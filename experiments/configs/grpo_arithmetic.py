@@ -44,8 +44,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   # Rollout.
   c.steps = 50
-  c.prompts_per_step = 4
+  c.prompts_per_step = 4  # groups per update
   c.group_size = 8
+  # Sample oversample x prompts_per_step prompts per step and train on the
+  # prompts_per_step groups whose rewards vary (experiments.grpo.select_groups).
+  c.oversample = 1
   c.max_new_tokens = 32
   c.temperature = 0.8
   c.top_p = 1.0
