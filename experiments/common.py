@@ -83,7 +83,7 @@ def make_rewards(config):
 
 
 def rollout_prompts(config) -> int:
-  """Prompts sampled per step: prompts_per_step, times `oversample` when the update filters groups."""
+  """Prompts sampled per step: prompts_per_step x oversample (the update keeps prompts_per_step)."""
   return config.prompts_per_step * config.get("oversample", 1)
 
 
