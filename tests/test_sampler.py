@@ -206,3 +206,14 @@ def test_same_bucket_does_not_recompile(tiny_model):
   assert sampler_lib.generate._cache_size() == compiled
   sampler(["x" * 100], max_new_tokens=5)  # a longer prompt bucket compiles once more
   assert sampler_lib.generate._cache_size() == compiled + 1
+
+
+def test_inverse_cdf_draws_follow_the_distribution_and_skip_removed_tokens():
+  probs = np.array([0.0, 0.5, 0.0, 0.3, 0.2, 0.0], np.float32)
+  with np.errstate(divide="ignore"):
+    log_probs = jnp.asarray(np.tile(np.log(probs), (20000, 1)))
+  draws = np.asarray(sampler_lib.sample_inverse_cdf(jax.random.key(0), log_probs))
+  counts = np.bincount(draws, minlength=len(probs)) / len(draws)
+  assert counts[probs == 0].sum() == 0
+  # Three standard errors of a frequency near 0.5 over 20000 draws is about 0.011.
+  np.testing.assert_allclose(counts, probs, atol=0.011)

@@ -33,6 +33,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.rewards = ml_collections.ConfigDict({"last_integer": 1.0, "short_reply": 0.2})
   c.grader = "last_integer"
   c.group_size = 8
+  c.oversample = 2  # sample 8 prompts, train on the 4 groups whose rewards vary
   c.max_new_tokens = 48
   c.eval_size = 200  # the whole test split (100 questions)
   c.steps = 100_000  # the time budget ends the run
