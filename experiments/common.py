@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from jaxrl_agents import data as data_lib
+from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import registry, rl_loop
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import zoo
@@ -45,6 +46,15 @@ def validate_common(config) -> None:
   for key in ("time_budget_s", "eval_every_s"):
     if config.get(key, 0) < 0:
       raise ValueError(f"config.{key} must be >= 0 (0 turns it off), got {config[key]}")
+  clock = config.optimizer.get("clock", "updates")
+  if clock not in optim_lib.CLOCKS:
+    raise ValueError(f"config.optimizer.clock must be one of {optim_lib.CLOCKS}, got {clock!r}")
+  if config.optimizer.decay not in optim_lib.SCHEDULES:
+    raise ValueError(f"config.optimizer.decay must be one of {optim_lib.SCHEDULES}, "
+                     f"got {config.optimizer.decay!r}")
+  if clock == "train_time" and not config.get("time_budget_s", 0):
+    raise ValueError("config.optimizer.clock='train_time' decays the learning rate over the "
+                     "time budget: set config.time_budget_s > 0 (or use clock='updates')")
   batch = config.prompts_per_step * config.group_size
   if batch % config.minibatches:
     raise ValueError(f"prompts_per_step * group_size = {batch} is not divisible by "

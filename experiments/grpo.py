@@ -90,10 +90,9 @@ class GRPO:
   def __init__(self, config, model_cfg):
     self.config = config
     self.model_cfg = model_cfg
-    self.tx = optim_lib.make_optimizer(total_updates=total_updates(config), **config.optimizer)
-    self.schedule = optim_lib.learning_rate_schedule(
-        config.optimizer.learning_rate, total_updates(config), config.optimizer.warmup_updates,
-        config.optimizer.decay, config.optimizer.end_fraction)
+    self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
+                                              **config.optimizer)
+    self.tx = self.optimizer.tx
     self.advantage_fn = registry.get("advantage", config.advantage)
     self.loss_fn = registry.get("policy_loss", config.policy_loss)
     # With one update per rollout the sampling policy is the current one: the
@@ -129,8 +128,8 @@ class GRPO:
     ref_logp = self._score(state.ref_params, batch=seq)[0] if self.config.kl_coef else zeros
     return GRPOBatch(seq=seq, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp)
 
-  def update(self, state, batch, rng):
-    return self._update(state, batch, rng)
+  def update(self, state, batch, rng, progress):
+    return self._update(state, batch, rng, jnp.float32(progress))
 
   def loss(self, params, batch: GRPOBatch):
     c = self.config
@@ -155,14 +154,15 @@ class GRPO:
     metrics["loss"] = loss
     return loss, metrics
 
-  def _update_impl(self, state: GRPOState, batch: GRPOBatch, rng):
+  def _update_impl(self, state: GRPOState, batch: GRPOBatch, rng, progress):
+    lr_scale = self.optimizer.scale(progress)
     params, opt_state, metrics, n = optim_lib.minibatch_updates(
         self.loss, self.tx, state.params, state.opt_state, batch, rng,
         epochs=self.config.epochs, minibatches=self.config.minibatches,
-        group_size=self.prompt_group)
+        group_size=self.prompt_group, lr_scale=lr_scale)
     # `updates` counts applied updates, like the optimizer's own step count
     # (skipped non-finite updates advance neither), so the logged rate is the one used.
-    metrics["learning_rate"] = self.schedule(state.updates)
+    metrics["learning_rate"] = self.optimizer.schedule(state.updates) * lr_scale
     skipped = opt_state.total_notfinite - state.opt_state.total_notfinite
     return state._replace(params=params, opt_state=opt_state,
                           updates=state.updates + n - skipped), metrics

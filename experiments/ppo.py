@@ -63,10 +63,8 @@ class PPO:
     self.config = config
     self.model_cfg = model_cfg
     n_updates = config.steps * config.epochs * config.minibatches
-    self.tx = optim_lib.make_optimizer(total_updates=n_updates, **config.optimizer)
-    self.schedule = optim_lib.learning_rate_schedule(
-        config.optimizer.learning_rate, n_updates, config.optimizer.warmup_updates,
-        config.optimizer.decay, config.optimizer.end_fraction)
+    self.optimizer = optim_lib.make_optimizer(total_updates=n_updates, **config.optimizer)
+    self.tx = self.optimizer.tx
     self.loss_fn = registry.get("policy_loss", config.policy_loss)
     # Rows sharing a prompt run it through the model once (see completion_hidden).
     self.prompt_group = config.group_size if config.get("share_prompt", False) else 1
@@ -129,8 +127,8 @@ class PPO:
     return PPOBatch(seq=seq, old_logp=old_logp, old_values=old_values, advantages=adv,
                     returns=returns)
 
-  def update(self, state, batch, rng):
-    return self._update(state, batch, rng)
+  def update(self, state, batch, rng, progress):
+    return self._update(state, batch, rng, jnp.float32(progress))
 
   def loss(self, params, batch: PPOBatch):
     c = self.config
@@ -149,14 +147,15 @@ class PPO:
     return loss, {**metrics, **v_metrics, "loss": loss,
                   "entropy": masked_mean(jax.lax.stop_gradient(entropy), mask)}
 
-  def _update_impl(self, state: PPOState, batch: PPOBatch, rng):
+  def _update_impl(self, state: PPOState, batch: PPOBatch, rng, progress):
+    lr_scale = self.optimizer.scale(progress)
     params, opt_state, metrics, n = optim_lib.minibatch_updates(
         self.loss, self.tx, state.params, state.opt_state, batch, rng,
         epochs=self.config.epochs, minibatches=self.config.minibatches,
-        group_size=self.prompt_group)
+        group_size=self.prompt_group, lr_scale=lr_scale)
     # `updates` counts applied updates, like the optimizer's own step count
     # (skipped non-finite updates advance neither), so the logged rate is the one used.
-    metrics["learning_rate"] = self.schedule(state.updates)
+    metrics["learning_rate"] = self.optimizer.schedule(state.updates) * lr_scale
     skipped = opt_state.total_notfinite - state.opt_state.total_notfinite
     return state._replace(params=params, opt_state=opt_state,
                           updates=state.updates + n - skipped), metrics

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 
 SCHEDULES = ("constant", "cosine", "linear")
+# What the decay runs on: applied optimizer updates (the run's step count), or the
+# fraction of a time budget spent, so a time-budgeted run decays over its budget
+# whatever its step rate on the machine.
+CLOCKS = ("updates", "train_time")
 
 
 def learning_rate_schedule(
@@ -40,11 +48,45 @@ def learning_rate_schedule(
   return optax.join_schedules([warmup, after], [warmup_updates])
 
 
+def decay_factor(progress: jax.Array, decay: str, end_fraction: float = 0.0) -> jax.Array:
+  """Rate / peak rate at `progress` in [0, 1] of the decay (clipped): 1 at 0, end_fraction at 1.
+
+  The same shapes as optax's cosine_decay_schedule (alpha = end_fraction) and
+  linear_schedule, as functions of a fraction instead of an update count.
+  """
+  if decay not in SCHEDULES:
+    raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
+  p = jnp.clip(jnp.asarray(progress, jnp.float32), 0.0, 1.0)
+  if decay == "constant":
+    return jnp.ones_like(p)
+  if decay == "cosine":
+    return end_fraction + (1.0 - end_fraction) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))
+  return 1.0 - (1.0 - end_fraction) * p
+
+
+class Optimizer(NamedTuple):
+  """The optimizer and its learning rate.
+
+  tx: AdamW with clipping, skipping non-finite updates; its own schedule holds
+    the warm-up, and the decay when the clock is "updates".
+  schedule: that schedule, by applied updates (for logging).
+  scale: progress in [0, 1] -> factor on the updates: the decay when the clock
+    is "train_time", else 1.
+  """
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  scale: Callable[[jax.Array], jax.Array]
+
+  def rate(self, updates: jax.Array, progress: jax.Array) -> jax.Array:
+    return self.schedule(updates) * self.scale(progress)
+
+
 def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
-    decay: str = "constant", end_fraction: float = 0.0, weight_decay: float = 0.0,
-    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, grad_clip: float | None = 1.0
-) -> optax.GradientTransformation:
+    decay: str = "constant", end_fraction: float = 0.0, clock: str = "updates",
+    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+    grad_clip: float | None = 1.0
+) -> Optimizer:
   """AdamW with global-norm clipping, wrapped in `optax.apply_if_finite`.
 
   A non-finite gradient leaves params and moments untouched and is counted in
@@ -52,18 +94,32 @@ def make_optimizer(
   log skips and to stop the run after several in a row. optax would apply the
   update after `max_consecutive_errors` skips; that limit is set out of reach
   so a non-finite update is never applied.
+
+  With clock="train_time" the decay is a factor on the updates computed from
+  the run's progress (see `minibatch_updates(lr_scale=...)`); AdamW's update,
+  weight decay included, is linear in the rate, so this is the decayed rate.
   """
-  schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates, decay,
-                                    end_fraction)
+  if clock not in CLOCKS:
+    raise ValueError(f"unknown learning-rate clock {clock!r}; expected one of {CLOCKS}")
+  by_updates = clock == "updates"
+  schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates,
+                                    decay if by_updates else "constant", end_fraction)
   parts = []
   if grad_clip:
     parts.append(optax.clip_by_global_norm(grad_clip))
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  return optax.apply_if_finite(optax.chain(*parts), max_consecutive_errors=2**30)
+  tx = optax.apply_if_finite(optax.chain(*parts), max_consecutive_errors=2**30)
+  if by_updates:
+    scale = jnp.ones_like
+  else:
+    decay_factor(0.0, decay)  # fails early on an unknown name
+    scale = functools.partial(decay_factor, decay=decay, end_fraction=end_fraction)
+  return Optimizer(tx=tx, schedule=schedule, scale=scale)
 
 
 def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_state, batch,
-                      rng: jax.Array, *, epochs: int, minibatches: int, group_size: int = 1):
+                      rng: jax.Array, *, epochs: int, minibatches: int, group_size: int = 1,
+                      lr_scale: jax.Array | float = 1.0):
   """`epochs` shuffled passes of `minibatches` optimizer updates over `batch`, in one lax.scan.
 
   Args:
@@ -76,6 +132,7 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
     group_size: shuffle whole groups of this many consecutive rows, never
       splitting one (for losses that share work within a group, like a
       group's common prompt); minibatches then hold whole groups.
+    lr_scale: a factor on every update (a learning-rate decay driven from outside).
 
   Returns:
     (params, opt_state, metrics averaged over the updates, number of updates).
@@ -99,6 +156,7 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
     grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
     metrics = {**metrics, "grad_norm": optax.global_norm(grads)}
     updates, opt_state = tx.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: (u * lr_scale).astype(u.dtype), updates)
     return (optax.apply_updates(params, updates), opt_state), metrics
 
   (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), orders)

@@ -246,14 +246,16 @@ class Algorithm(Protocol):
   init_state(params, rng) -> train state pytree (checkpointed as a whole)
   policy_params(state) -> the policy params inside the state (for sampling)
   prepare(state, rollout, rng) -> the update's batch pytree (advantages, old/ref logprobs, ...)
-  update(state, batch, rng) -> (state, metrics dict of scalars); jitted, donates the state
+  update(state, batch, rng, progress) -> (state, metrics dict of scalars); jitted, donates the
+      state; progress in [0, 1] is how far the run is (training time over the time budget
+      when there is one, else steps over config.steps), for a learning-rate decay on that clock
   nonfinite_count(state) -> consecutive skipped (non-finite) updates so far
   """
 
   def init_state(self, params, rng): ...
   def policy_params(self, state): ...
   def prepare(self, state, rollout: Rollout, rng): ...
-  def update(self, state, batch, rng): ...
+  def update(self, state, batch, rng, progress: float): ...
   def nonfinite_count(self, state) -> tuple[int, int]: ...
 
 
@@ -426,7 +428,10 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
                     grader=grader, **prompt_kwargs)
         t1 = time.perf_counter()
         batch = algorithm.prepare(state, r, prepare_rng)
-        state, update_metrics = algorithm.update(state, batch, update_rng)
+        # How far the run is when this step starts: by training time under a time
+        # budget (its step count is unknown in advance), else by steps.
+        progress = train_time / budget if budget > 0 else step / config.steps
+        state, update_metrics = algorithm.update(state, batch, update_rng, progress)
         update_metrics = jax.device_get(update_metrics)
         t2 = time.perf_counter()
         step += 1

@@ -41,3 +41,45 @@ def test_row_shuffle_splits_groups():
 def test_batch_must_split_into_whole_groups():
   with pytest.raises(ValueError, match="whole groups of 4"):
     _minibatch_stats(group_size=4, rows=24, minibatches=4)
+
+
+@pytest.mark.parametrize("decay, reference", [
+    ("cosine", lambda peak, n: optax.cosine_decay_schedule(peak, n, alpha=0.1)),
+    ("linear", lambda peak, n: optax.linear_schedule(peak, 0.1 * peak, n)),
+    ("constant", lambda peak, n: optax.constant_schedule(peak))])
+def test_decay_factor_matches_optax_schedules_by_fraction(decay, reference):
+  n, peak = 40, 3e-4
+  schedule = reference(peak, n)
+  for k in (0, 1, 10, 20, 33, 40):
+    np.testing.assert_allclose(optim.decay_factor(k / n, decay, end_fraction=0.1) * peak,
+                               schedule(k), rtol=1e-5)
+  # Progress past the end stays at the end rate.
+  np.testing.assert_allclose(optim.decay_factor(1.7, decay, 0.1) * peak, schedule(n), rtol=1e-5)
+
+
+def test_train_time_clock_scales_adamw_updates_like_a_smaller_rate():
+  """AdamW (with weight decay) at rate r, scaled by s, equals AdamW at rate r * s."""
+  params = {"w": jnp.array([0.5, -1.0, 2.0])}
+  batch = {"x": jnp.arange(8.0).reshape(4, 2)}
+
+  def loss_fn(p, mb):
+    return jnp.sum(jnp.square(p["w"][:2] * mb["x"] - 1.0)) + p["w"][2] ** 2, {}
+
+  def run(opt, scale):
+    out, _, _, _ = optim.minibatch_updates(loss_fn, opt.tx, params, opt.tx.init(params), batch,
+                                           jax.random.key(0), epochs=2, minibatches=2,
+                                           lr_scale=scale)
+    return out["w"]
+
+  timed = optim.make_optimizer(learning_rate=1e-2, total_updates=4, decay="cosine",
+                               clock="train_time", weight_decay=0.1, grad_clip=None)
+  scale = timed.scale(jnp.float32(0.5))
+  np.testing.assert_allclose(scale, 0.5, rtol=1e-6)
+  plain = optim.make_optimizer(learning_rate=5e-3, total_updates=4, weight_decay=0.1,
+                               grad_clip=None)
+  np.testing.assert_allclose(run(timed, scale), run(plain, 1.0), rtol=1e-6)
+  # On the updates clock the decay lives in the optax schedule and the scale is 1.
+  stepped = optim.make_optimizer(learning_rate=1e-2, total_updates=4, decay="cosine")
+  assert float(stepped.scale(jnp.float32(0.5))) == 1.0 and float(stepped.schedule(2)) < 1e-2
+  with pytest.raises(ValueError, match="unknown learning-rate clock 'wall'"):
+    optim.make_optimizer(learning_rate=1e-2, total_updates=4, clock="wall")

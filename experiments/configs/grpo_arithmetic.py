@@ -69,8 +69,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # completion (same gradient up to float rounding; tests/test_scoring.py).
   c.share_prompt = True
 
+  # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
+  # "train_time", the fraction of time_budget_s spent (for time-budgeted runs).
   c.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=2e-5, warmup_updates=0, decay="constant", end_fraction=0.0,
+      learning_rate=2e-5, warmup_updates=0, decay="constant", end_fraction=0.0, clock="updates",
       weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
   c.max_consecutive_nonfinite = 5
 

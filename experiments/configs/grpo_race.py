@@ -41,6 +41,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every_s = 300.0
   c.eval_every = 0
   c.checkpoint_every = 10
+  # Cosine decay over the time budget, whatever the machine's step rate.
+  c.optimizer.decay = "cosine"
+  c.optimizer.clock = "train_time"
+  c.optimizer.end_fraction = 0.0
   if variant == "tiny":
     c.group_size = 4
     c.max_new_tokens = 16
