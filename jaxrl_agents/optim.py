@@ -77,9 +77,6 @@ class Optimizer(NamedTuple):
   schedule: optax.Schedule
   scale: Callable[[jax.Array], jax.Array]
 
-  def rate(self, updates: jax.Array, progress: jax.Array) -> jax.Array:
-    return self.schedule(updates) * self.scale(progress)
-
 
 def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
@@ -101,6 +98,8 @@ def make_optimizer(
   """
   if clock not in CLOCKS:
     raise ValueError(f"unknown learning-rate clock {clock!r}; expected one of {CLOCKS}")
+  if decay not in SCHEDULES:
+    raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
   by_updates = clock == "updates"
   schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates,
                                     decay if by_updates else "constant", end_fraction)
@@ -109,11 +108,8 @@ def make_optimizer(
     parts.append(optax.clip_by_global_norm(grad_clip))
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
   tx = optax.apply_if_finite(optax.chain(*parts), max_consecutive_errors=2**30)
-  if by_updates:
-    scale = jnp.ones_like
-  else:
-    decay_factor(0.0, decay)  # fails early on an unknown name
-    scale = functools.partial(decay_factor, decay=decay, end_fraction=end_fraction)
+  scale = jnp.ones_like if by_updates else functools.partial(
+      decay_factor, decay=decay, end_fraction=end_fraction)
   return Optimizer(tx=tx, schedule=schedule, scale=scale)
 
 
