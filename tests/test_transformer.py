@@ -52,6 +52,48 @@ def test_cached_decoding_matches_full_forward(model):
   assert int(cache.index) == 12
 
 
+_decode_step = jax.jit(transformer.decode_step, static_argnums=3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_step_matches_cached_apply(model, dtype):
+  """The feature-major single-token path computes what `apply` computes with a cache."""
+  cfg = model.cfg.replace(dtype=dtype)
+  params = model.params
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(3, cfg.vocab_size, size=(3, 7)).astype(np.int32)
+  mask = np.ones((3, 7), bool)
+  mask[0, :2] = False  # left padding: the padded slots stay invisible while decoding
+  mask[2, :5] = False
+  positions = transformer.positions_from_mask(jnp.asarray(mask))
+  cache = transformer.init_cache(cfg, 3, 11)
+  _, cache = _apply(params, jnp.asarray(tokens), positions, cfg,
+                    segment_ids=jnp.asarray(mask, jnp.int32), cache=cache)
+  reference, by_step = cache, cache
+  next_pos = positions[:, -1] + 1
+  for step in range(3):
+    new = jnp.asarray(rng.integers(3, cfg.vocab_size, size=3), jnp.int32)
+    want, reference = _apply(params, new[:, None], (next_pos + step)[:, None], cfg,
+                             cache=reference)
+    got, by_step = _decode_step(params, new, next_pos + step, cfg, by_step)
+    tol = 2e-5 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, 0]), atol=tol, rtol=tol)
+  for a, b in zip(jax.tree.leaves(by_step), jax.tree.leaves(reference), strict=True):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               atol=tol, rtol=tol)
+
+
+def test_decode_step_rejects_bad_shapes(tiny_model):
+  cfg, params = tiny_model.cfg, tiny_model.params
+  cache = transformer.init_cache(cfg, 2, 4)
+  with pytest.raises(ValueError, match="int\\[B\\]"):
+    transformer.decode_step(params, jnp.zeros((2, 1), jnp.int32), jnp.zeros((2, 1), jnp.int32),
+                            cfg, cache)
+  with pytest.raises(ValueError, match="cache batch"):
+    transformer.decode_step(params, jnp.zeros((3,), jnp.int32), jnp.zeros((3,), jnp.int32),
+                            cfg, cache)
+
+
 def test_left_padding_does_not_change_logits(model):
   cfg, params = model.cfg, model.params
   seq = np.arange(5, 14, dtype=np.int32)

@@ -220,9 +220,8 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
 
   def body(carry):
     step, cache, state, token, lengths = carry
-    position = (next_position + step - 1)[:, None]
-    logits, cache = transformer.apply(params, token[:, None], position, cfg, cache=cache)
-    state, token, live = pick_and_record(state, logits[:, -1], step)
+    logits, cache = transformer.decode_step(params, token, next_position + step - 1, cfg, cache)
+    state, token, live = pick_and_record(state, logits, step)
     return step + 1, cache, state, token, lengths + live.astype(jnp.int32)
 
   _, _, state, _, lengths = jax.lax.while_loop(
