@@ -7,9 +7,11 @@ Greedy decoding of 64 new tokens (stop tokens disabled so every system
 generates exactly 64) for batches of chat-templated arithmetic questions of
 about 45 tokens, in float32 and bfloat16. Each figure is the best of 3 timed
 calls after a warm-up call; compile time is the warm-up's excess over the best
-call. Side by side, in the same run: transformers' `generate` (torch CPU, same
-weights), tunix's `Sampler` (its llama3 model given SmolLM2's shapes and
-weights, in benchmarks/.venv-tunix), and the machine's own limits (memory read
+call. The systems are interleaved: each round times every system once, so a
+machine whose speed drifts over minutes slows all of them alike. Side by side,
+in the same run: transformers' `generate` (torch CPU, same weights), tunix's
+`Sampler` (its llama3 model given SmolLM2's shapes and weights, in
+benchmarks/.venv-tunix, timed through a worker process), and the machine's own limits (memory read
 bandwidth bounds batch-1 decoding; matmul throughput bounds batch 32).
 
 The last line of output is one JSON object.
@@ -50,86 +52,102 @@ def make_questions(n: int, seed: int = 0) -> list[str]:
   return out
 
 
-def best_of(fn, repeats: int) -> tuple[float, float]:
-  """(first call seconds, best of `repeats` later calls)."""
-  start = time.perf_counter()
-  fn()
-  first = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
+def timed(fn):
+  """Returns a function that calls fn and returns the seconds it took."""
+  def run():
     start = time.perf_counter()
     fn()
-    times.append(time.perf_counter() - start)
-  return first, min(times)
+    return time.perf_counter() - start
+  return run
 
 
-def bench_ours(model, ids, batch_sizes, dtypes, repeats):
-  tok_s, compile_s = {}, {}
+def best_of(fn, repeats: int) -> tuple[float, float]:
+  """(first call seconds, best of `repeats` later calls)."""
+  first = timed(fn)()
+  return first, min(timed(fn)() for _ in range(repeats))
+
+
+def ours_runner(model, ids, dtype, bs):
   sampling = sampler_lib.SamplingConfig(max_new_tokens=NEW_TOKENS, stop_tokens=(),
                                         pad_id=model.tokenizer.pad_token_id)
-  for dtype in dtypes:
-    cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
-    params = transformer.cast_params(model.params, dtype)
-    for bs in batch_sizes:
-      tokens, mask = tokenizer_lib.pad_left(ids[:bs], model.tokenizer.pad_token_id, PROMPT_BUCKET)
-      tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
+  params = transformer.cast_params(model.params, dtype)
+  tokens, mask = tokenizer_lib.pad_left(ids[:bs], model.tokenizer.pad_token_id, PROMPT_BUCKET)
+  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
 
-      def run(params=params, cfg=cfg, tokens=tokens, mask=mask):
-        out = sampler_lib.generate(params, cfg, tokens, mask, jax.random.key(0), sampling)
-        jax.block_until_ready(out)
-
-      first, best = best_of(run, repeats)
-      key = f"{dtype}_bs{bs}"
-      tok_s[key] = bs * NEW_TOKENS / best
-      compile_s[key] = max(first - best, 0.0)
-      print(f"ours  {dtype:8s} bs={bs:2d}: {tok_s[key]:7.1f} tok/s (best {best:.2f}s, "
-            f"compile {compile_s[key]:.1f}s)", flush=True)
-  return tok_s, compile_s
+  def run():
+    out = sampler_lib.generate(params, cfg, tokens, mask, jax.random.key(0), sampling)
+    jax.block_until_ready(out)
+  return timed(run)
 
 
-def bench_hf(hf_dir, ids, pad_id, batch_sizes, dtypes, repeats):
+def hf_runner(hf_model, ids, pad_id, bs):
+  import torch
+
+  tokens, mask = tokenizer_lib.pad_left(ids[:bs], pad_id)
+  tokens_t = torch.tensor(tokens, dtype=torch.long)
+  mask_t = torch.tensor(mask, dtype=torch.long)
+
+  def run():
+    with torch.no_grad():
+      out = hf_model.generate(tokens_t, attention_mask=mask_t, max_new_tokens=NEW_TOKENS,
+                              min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad_id)
+    assert out.shape[1] == tokens_t.shape[1] + NEW_TOKENS
+  return timed(run)
+
+
+def load_hf(hf_dir, dtype):
   import torch
   from transformers import AutoModelForCausalLM
 
   torch.set_num_threads(os.cpu_count() or 2)
-  tok_s = {}
-  for dtype in dtypes:
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype))
-    model.eval()
-    for bs in batch_sizes:
-      tokens, mask = tokenizer_lib.pad_left(ids[:bs], pad_id)
-      tokens_t = torch.tensor(tokens, dtype=torch.long)
-      mask_t = torch.tensor(mask, dtype=torch.long)
-
-      def run(model=model, tokens_t=tokens_t, mask_t=mask_t):
-        with torch.no_grad():
-          out = model.generate(tokens_t, attention_mask=mask_t, max_new_tokens=NEW_TOKENS,
-                               min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad_id)
-        assert out.shape[1] == tokens_t.shape[1] + NEW_TOKENS
-
-      _, best = best_of(run, repeats)
-      key = f"{dtype}_bs{bs}"
-      tok_s[key] = bs * NEW_TOKENS / best
-      print(f"hf    {dtype:8s} bs={bs:2d}: {tok_s[key]:7.1f} tok/s (best {best:.2f}s)", flush=True)
-  return tok_s
+  model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype))
+  return model.eval()
 
 
-def bench_tunix(hf_dir, texts, batch_sizes, dtypes, repeats):
-  subprocess.run(["bash", os.path.join(HERE, "setup_tunix.sh")], check=True)
-  python = os.path.join(HERE, ".venv-tunix", "bin", "python")
-  with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-    json.dump(texts, f)
-  cmd = [python, os.path.join(HERE, "tunix_sampler.py"), "--hf-dir", hf_dir, "--prompts", f.name,
-         "--batch-sizes", ",".join(map(str, batch_sizes)), "--dtypes", ",".join(dtypes),
-         "--repeats", str(repeats), "--new-tokens", str(NEW_TOKENS)]
-  proc = subprocess.run(cmd, capture_output=True, text=True)
-  lines = proc.stdout.strip().splitlines()
-  for line in lines[:-1]:
-    print(line, flush=True)
-  if proc.returncode != 0:
-    print(proc.stderr[-3000:], file=sys.stderr)
-    raise RuntimeError("tunix benchmark failed")
-  return json.loads(lines[-1])
+class TunixWorker:
+  """tunix's sampler in its own virtualenv, timing one call per request."""
+
+  def __init__(self, hf_dir, texts):
+    subprocess.run(["bash", os.path.join(HERE, "setup_tunix.sh")], check=True)
+    python = os.path.join(HERE, ".venv-tunix", "bin", "python")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+      json.dump(texts, f)
+    cmd = [python, os.path.join(HERE, "tunix_sampler.py"), "--hf-dir", hf_dir, "--prompts",
+           f.name, "--new-tokens", str(NEW_TOKENS), "--serve"]
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+  def request(self, line: str) -> dict:
+    self.proc.stdin.write(line + "\n")
+    self.proc.stdin.flush()
+    while True:  # tunix may print its own lines; the answer is the next JSON object
+      answer = self.proc.stdout.readline()
+      if not answer:
+        raise RuntimeError(f"tunix worker exited (code {self.proc.wait()}) on request {line!r}")
+      if answer.startswith("{"):
+        return json.loads(answer)
+      print(answer, end="", file=sys.stderr)
+
+  def runner(self, dtype, bs):
+    return lambda: self.request(f"{dtype} {bs}")["seconds"]
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+def bench_interleaved(runners: dict, repeats: int) -> dict:
+  """{system: (first call s, best s)}: one warm-up call each, then `repeats` rounds.
+
+  Each round times every system once, in turn, so a machine whose speed drifts
+  over minutes (these shared machines do) slows all systems alike.
+  """
+  first = {name: run() for name, run in runners.items()}
+  times = {name: [] for name in runners}
+  for _ in range(repeats):
+    for name, run in runners.items():
+      times[name].append(run())
+  return {name: (first[name], min(times[name])) for name in runners}
 
 
 def machine_limits(repeats: int = 5) -> dict:
@@ -174,22 +192,36 @@ def main():
   print("machine:", json.dumps({k: round(v, 1) for k, v in limits.items()}), flush=True)
   result = {"tok_s": {}, "compile_s": {}, "machine": limits,
             "prompt_tokens_mean": float(np.mean([len(i) for i in ids]))}
-  result["tok_s"]["ours"], result["compile_s"]["ours"] = bench_ours(
-      model, ids, batch_sizes, dtypes, args.repeats)
-  if not args.skip_hf:
-    result["tok_s"]["hf"] = bench_hf(hf_dir, ids, model.tokenizer.pad_token_id, batch_sizes,
-                                     dtypes, args.repeats)
-  if not args.skip_tunix:
-    tunix = bench_tunix(hf_dir, texts, batch_sizes, dtypes, args.repeats)
-    result["tok_s"]["tunix"] = tunix["tok_s"]
-    result["compile_s"]["tunix"] = tunix["compile_s"]
-    ours_texts = sampler_lib.Sampler(model)(questions[:len(tunix["texts"]["patched"])],
+  systems = ["ours"] + ([] if args.skip_hf else ["hf"]) + ([] if args.skip_tunix else ["tunix"])
+  for system in systems:
+    result["tok_s"][system], result["compile_s"][system] = {}, {}
+  tunix = None if args.skip_tunix else TunixWorker(hf_dir, texts)
+  for dtype in dtypes:
+    hf_model = None if args.skip_hf else load_hf(hf_dir, dtype)
+    for bs in batch_sizes:
+      runners = {"ours": ours_runner(model, ids, dtype, bs)}
+      if hf_model is not None:
+        runners["hf"] = hf_runner(hf_model, ids, model.tokenizer.pad_token_id, bs)
+      if tunix is not None:
+        runners["tunix"] = tunix.runner(dtype, bs)
+      key = f"{dtype}_bs{bs}"
+      for system, (first, best) in bench_interleaved(runners, args.repeats).items():
+        result["tok_s"][system][key] = bs * NEW_TOKENS / best
+        result["compile_s"][system][key] = max(first - best, 0.0)
+        print(f"{system:6s} {dtype:8s} bs={bs:2d}: {bs * NEW_TOKENS / best:7.1f} tok/s "
+              f"(best {best:.2f}s, first call {first:.1f}s)", flush=True)
+    del hf_model
+  if tunix is not None:
+    their = tunix.request("texts")
+    tunix.close()
+    ours_texts = sampler_lib.Sampler(model)(questions[:len(their["patched"])],
                                             max_new_tokens=NEW_TOKENS)[0]
-    for variant, their_texts in tunix["texts"].items():
+    for variant, their_texts in their.items():
       same = sum(a.strip() == b.strip() for a, b in zip(ours_texts, their_texts, strict=True))
       result[f"tunix_{variant}_text_agreement"] = same / len(ours_texts)
       print(f"tunix {variant}: {same}/{len(ours_texts)} greedy texts identical to ours; "
             f"first: {their_texts[0][:80]!r}", flush=True)
+  result["compile_s"].pop("hf", None)  # eager torch: nothing to compile
 
   ours = result["tok_s"]["ours"]
   # Bounds: batch 1 reads every weight once per token; batch 32 does 2 flops per
