@@ -430,9 +430,9 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   The same function as `apply(params, tokens[:, None], positions[:, None],
   cfg, cache=cache)`, computed with feature-major activations f[D, B]: every
   projection is then w[out, in] @ x[in, B]. With few rows, XLA:CPU runs that
-  orientation 1.4-1.8x faster than x[B, in] @ w.T (batch 8 and 32; about the
-  same at batch 1, ~1.1x at 64; benchmarks/sampler.py), and decoding is
-  nothing but such small matmuls.
+  orientation 1.4-1.8x faster than x[B, in] @ w.T at batches 8 and 32 (about
+  the same at batch 1, ~1.1x at 64; measured on SmolLM2's shapes on a 2-core
+  CPU), and decoding is mostly such small matmuls.
 
   Args:
     params: the parameter pytree.
@@ -458,6 +458,8 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   allowed = (jnp.arange(valid.shape[1]) <= start)[None, :] & valid  # [B, S]
   zero = jnp.zeros((), jnp.int32)
   x = params["embed"][tokens].astype(dtype).T  # [D, B]
+  # As in `_attention`: float32 products of operands rounded to the compute dtype.
+  f32 = lambda a: a.astype(dtype).astype(jnp.float32)
   new_k, new_v = [], []
   for i, layer in enumerate(params["layers"]):
     h = _rms_norm_fm(x, layer["attn_norm"], cfg.norm_eps)
@@ -478,8 +480,6 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
         cache.v[i], v_slot.astype(cache.v[i].dtype), (zero, zero, start, zero))
     new_k.append(keys)
     new_v.append(values)
-    # As in `_attention`: float32 products of operands rounded to the compute dtype.
-    f32 = lambda a: a.astype(dtype).astype(jnp.float32)
     q_rows = q.reshape(kv_heads, groups, dh, b).transpose(3, 0, 1, 2)  # [B, K, G, Dh]
     scores = jnp.einsum("bkgd,bksd->bkgs", f32(q_rows), f32(keys)) / math.sqrt(dh)
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
