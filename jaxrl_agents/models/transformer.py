@@ -201,11 +201,23 @@ def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
   return params
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """x / rms(x) * scale, computed in float32, returned in x's dtype."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, axis: int = -1) -> jax.Array:
+  """x / rms(x) * scale over the feature `axis`, computed in float32, returned in x's dtype."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
+  shape = [1] * x.ndim
+  shape[axis] = -1
+  return (y * scale.astype(jnp.float32).reshape(shape)).astype(x.dtype)
+
+
+def _rounded_f32(a: jax.Array, dtype) -> jax.Array:
+  """a rounded to the compute dtype, then held in float32.
+
+  Attention multiplies these: the products of bf16 values are exact in float32,
+  so this is bf16 x bf16 with float32 accumulation, which XLA:CPU has no kernel
+  for in batched dots.
+  """
+  return a.astype(dtype).astype(jnp.float32)
 
 
 def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
@@ -257,9 +269,7 @@ def _attention(q, k, v, allowed, cfg: TransformerConfig):
   b, t, _, dh = q.shape
   groups = cfg.n_heads // cfg.n_kv_heads
   q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)
-  # Products in float32 on operands rounded to the compute dtype: exact for
-  # bf16 inputs, and XLA:CPU lacks bf16 x bf16 -> f32 kernels for batched dots.
-  f32 = lambda a: a.astype(q.dtype).astype(jnp.float32)
+  f32 = lambda a: _rounded_f32(a, q.dtype)
   scores = jnp.einsum("btkgd,bksd->bkgts", f32(q), f32(k)) / math.sqrt(dh)
   scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
@@ -408,13 +418,6 @@ def _dense_fm(w: jax.Array, x: jax.Array, dtype) -> jax.Array:
   return y.astype(dtype)
 
 
-def _rms_norm_fm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """rms_norm over axis 0 of feature-major x f[D, B]."""
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=0, keepdims=True) + eps)
-  return (y * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
-
-
 def _rope_fm(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
   """apply_rope for feature-major x f[N, Dh, B] and positions int[B]."""
   angles = inv_freq[:, None] * positions.astype(jnp.float32)[None, :]  # [Dh/2, B]
@@ -458,11 +461,10 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   allowed = (jnp.arange(valid.shape[1]) <= start)[None, :] & valid  # [B, S]
   zero = jnp.zeros((), jnp.int32)
   x = params["embed"][tokens].astype(dtype).T  # [D, B]
-  # As in `_attention`: float32 products of operands rounded to the compute dtype.
-  f32 = lambda a: a.astype(dtype).astype(jnp.float32)
+  f32 = lambda a: _rounded_f32(a, dtype)
   new_k, new_v = [], []
   for i, layer in enumerate(params["layers"]):
-    h = _rms_norm_fm(x, layer["attn_norm"], cfg.norm_eps)
+    h = rms_norm(x, layer["attn_norm"], cfg.norm_eps, axis=0)
     q = _dense_fm(layer["wq"], h, dtype)
     k = _dense_fm(layer["wk"], h, dtype)
     v = _dense_fm(layer["wv"], h, dtype)
@@ -486,12 +488,12 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
     probs = jax.nn.softmax(scores, axis=-1)
     attn = jnp.einsum("bkgs,bksd->bkgd", f32(probs), f32(values)).astype(dtype)
     x = x + _dense_fm(layer["wo"], attn.reshape(b, heads * dh).T, dtype)
-    h = _rms_norm_fm(x, layer["mlp_norm"], cfg.norm_eps)
+    h = rms_norm(x, layer["mlp_norm"], cfg.norm_eps, axis=0)
     gate = _dense_fm(layer["w_gate"], h, dtype)
     up = _dense_fm(layer["w_up"], h, dtype)
     x = x + _dense_fm(layer["w_down"], jax.nn.silu(gate.astype(jnp.float32)).astype(dtype) * up,
                       dtype)
-  x = _rms_norm_fm(x, params["final_norm"], cfg.norm_eps)
+  x = rms_norm(x, params["final_norm"], cfg.norm_eps, axis=0)
   w = params["embed"] if cfg.tie_embeddings else params["lm_head"]
   logits = jnp.einsum("vd,db->bv", w.astype(dtype), x, preferred_element_type=jnp.float32)
   return logits, KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=start + 1)
