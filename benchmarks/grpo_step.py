@@ -108,7 +108,7 @@ def main() -> None:
       state = [algorithm.init_state(jax.tree.map(jnp.copy, model.params), key)]
 
       def step(algorithm=algorithm, state=state, batch=batch):
-        state[0], metrics = algorithm.update(state[0], batch, key)
+        state[0], metrics = algorithm.update(state[0], batch, key, progress=0.0)
         return metrics["loss"]
 
       compile_s, best = best_of(step, args.repeats)
