@@ -217,3 +217,19 @@ def test_inverse_cdf_draws_follow_the_distribution_and_skip_removed_tokens():
   assert counts[probs == 0].sum() == 0
   # Three standard errors of a frequency near 0.5 over 20000 draws is about 0.011.
   np.testing.assert_allclose(counts, probs, atol=0.011)
+
+
+def test_argmax_vocab_major_equals_argmax_and_takes_the_first_of_ties():
+  logits = np.random.default_rng(0).normal(size=(300, 7)).astype(np.float32)
+  logits[[4, 9, 250], 3] = 10.0  # a three-way tie in column 3: argmax takes the first
+  got = np.asarray(sampler_lib.argmax_vocab_major(jnp.asarray(logits)))
+  np.testing.assert_array_equal(got, np.argmax(logits, axis=0))
+  assert got[3] == 4
+
+
+def test_inverse_cdf_vocab_major_draws_the_same_tokens():
+  log_probs = jax.nn.log_softmax(jax.random.normal(jax.random.key(3), (16, 50)) * 2, axis=-1)
+  rng = jax.random.key(4)
+  np.testing.assert_array_equal(
+      np.asarray(sampler_lib.sample_inverse_cdf(rng, log_probs)),
+      np.asarray(sampler_lib.sample_inverse_cdf(rng, log_probs.T, axis=0)))

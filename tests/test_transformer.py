@@ -52,7 +52,7 @@ def test_cached_decoding_matches_full_forward(model):
   assert int(cache.index) == 12
 
 
-_decode_step = jax.jit(transformer.decode_step, static_argnums=3)
+_decode_step = jax.jit(transformer.decode_step, static_argnums=(3, 5))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -75,9 +75,11 @@ def test_decode_step_matches_cached_apply(model, dtype):
     new = jnp.asarray(rng.integers(3, cfg.vocab_size, size=3), jnp.int32)
     want, reference = _apply(params, new[:, None], (next_pos + step)[:, None], cfg,
                              cache=reference)
+    vocab_major, _ = _decode_step(params, new, next_pos + step, cfg, by_step, True)
     got, by_step = _decode_step(params, new, next_pos + step, cfg, by_step)
     tol = 2e-5 if dtype == "float32" else 5e-2
     np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, 0]), atol=tol, rtol=tol)
+    np.testing.assert_allclose(np.asarray(vocab_major), np.asarray(got).T, atol=1e-5, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(by_step), jax.tree.leaves(reference), strict=True):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                atol=tol, rtol=tol)

@@ -427,7 +427,8 @@ def _rope_fm(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Arr
 
 
 def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
-                cfg: TransformerConfig, cache: KVCache) -> tuple[jax.Array, KVCache]:
+                cfg: TransformerConfig, cache: KVCache,
+                vocab_major: bool = False) -> tuple[jax.Array, KVCache]:
   """One new token per row through the cache: f32[B, V] logits and the updated cache.
 
   The same function as `apply(params, tokens[:, None], positions[:, None],
@@ -443,6 +444,10 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
     positions: int[B] their RoPE positions.
     cfg: the architecture.
     cache: a KVCache with at least one free slot.
+    vocab_major: return the logits as f32[V, B], the orientation the head's
+      matmul produces. At batch 32 on XLA:CPU, asking that product for [B, V]
+      instead costs about 20 ms per step (26 against 6 ms for SmolLM2's head),
+      a sixth of the whole decode step; the sampler reads them vocab-major.
   """
   if tokens.ndim != 1 or positions.shape != tokens.shape:
     raise ValueError(f"tokens and positions must be int[B], got {tokens.shape} and "
@@ -495,7 +500,9 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
                       dtype)
   x = rms_norm(x, params["final_norm"], cfg.norm_eps, axis=0)
   w = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-  logits = jnp.einsum("vd,db->bv", w.astype(dtype), x, preferred_element_type=jnp.float32)
+  logits = jnp.einsum("vd,db->vb", w.astype(dtype), x, preferred_element_type=jnp.float32)
+  if not vocab_major:
+    logits = logits.T
   return logits, KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=start + 1)
 
 
