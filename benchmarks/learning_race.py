@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+import cpu_info
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TRL_PYTHON = os.path.join(HERE, ".venv-trl", "bin", "python")
@@ -192,6 +194,7 @@ def main() -> int:
   reach = minutes_to_reach(ours, trl_final)
   result = {
       "budget_min": args.budget_min,
+      "machine": cpu_info.describe(),
       "trl": {"acc_start": trl[0]["accuracy"], "acc_end": trl_final,
               "evals": [(round(e["train_time_s"] / 60, 2), e["accuracy"]) for e in trl]},
       "ours": {"acc_start": ours[0]["accuracy"], "acc_end": ours[-1]["accuracy"],

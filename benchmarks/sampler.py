@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import cpu_info
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import transformer, zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
@@ -189,8 +190,9 @@ def main():
         f"{NEW_TOKENS} new tokens, greedy", flush=True)
 
   limits = machine_limits()
-  print("machine:", json.dumps({k: round(v, 1) for k, v in limits.items()}), flush=True)
-  result = {"tok_s": {}, "compile_s": {}, "machine": limits,
+  cpu = cpu_info.describe()
+  print("machine:", json.dumps({**cpu, **{k: round(v, 1) for k, v in limits.items()}}), flush=True)
+  result = {"tok_s": {}, "compile_s": {}, "machine": {**cpu, **limits},
             "prompt_tokens_mean": float(np.mean([len(i) for i in ids]))}
   systems = ["ours"] + ([] if args.skip_hf else ["hf"]) + ([] if args.skip_tunix else ["tunix"])
   for system in systems:

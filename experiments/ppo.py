@@ -148,17 +148,10 @@ class PPO:
                   "entropy": masked_mean(jax.lax.stop_gradient(entropy), mask)}
 
   def _update_impl(self, state: PPOState, batch: PPOBatch, rng, progress):
-    lr_scale = self.optimizer.scale(progress)
-    params, opt_state, metrics, n = optim_lib.minibatch_updates(
-        self.loss, self.tx, state.params, state.opt_state, batch, rng,
-        epochs=self.config.epochs, minibatches=self.config.minibatches,
-        group_size=self.prompt_group, lr_scale=lr_scale)
-    # `updates` counts applied updates, like the optimizer's own step count
-    # (skipped non-finite updates advance neither), so the logged rate is the one used.
-    metrics["learning_rate"] = self.optimizer.schedule(state.updates) * lr_scale
-    skipped = opt_state.total_notfinite - state.opt_state.total_notfinite
-    return state._replace(params=params, opt_state=opt_state,
-                          updates=state.updates + n - skipped), metrics
+    return optim_lib.update_state(self.optimizer, self.loss, state, batch, rng, progress,
+                                  epochs=self.config.epochs,
+                                  minibatches=self.config.minibatches,
+                                  group_size=self.prompt_group)
 
 
 def validate(config) -> None:

@@ -159,6 +159,29 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
   return params, opt_state, reduce_update_metrics(metrics), orders.shape[0]
 
 
+def update_state(optimizer: Optimizer, loss_fn, state, batch, rng: jax.Array,
+                 progress: jax.Array, *, epochs: int, minibatches: int, group_size: int = 1):
+  """One rollout's updates (`minibatch_updates`) applied to an algorithm's state.
+
+  `state` is any NamedTuple with `params`, `opt_state` and `updates` (int32[]
+  optimizer updates so far, the schedule's position) fields, such as GRPO's
+  and PPO's. `updates` counts applied updates, like the optimizer's own step
+  count (skipped non-finite updates advance neither), so the logged
+  `learning_rate` is the rate used.
+
+  Returns:
+    (the new state, metrics averaged over the updates, with `learning_rate`).
+  """
+  lr_scale = optimizer.scale(progress)
+  params, opt_state, metrics, n = minibatch_updates(
+      loss_fn, optimizer.tx, state.params, state.opt_state, batch, rng, epochs=epochs,
+      minibatches=minibatches, group_size=group_size, lr_scale=lr_scale)
+  metrics["learning_rate"] = optimizer.schedule(state.updates) * lr_scale
+  skipped = opt_state.total_notfinite - state.opt_state.total_notfinite
+  return state._replace(params=params, opt_state=opt_state,
+                        updates=state.updates + n - skipped), metrics
+
+
 def reduce_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """One value per metric over the updates of a step: max for `*_max`, else the mean.
 
