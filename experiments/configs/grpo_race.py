@@ -25,6 +25,10 @@ measurement, one full 30-minute run each on a 2-core CPU (held-out accuracy at
   + cosine decay over the budget  0.26 .55 .58 .74 .74 .75 .78  (TRL: .26 -> .66)
     (instead of the entropy bonus; this config)
 
+The runs above are on an AVX2-only machine. This config on an AVX-512/AMX
+machine of the same kind, in one race invocation (2026-11-24): 0.26 .61 .72
+.70 .75 .75 .76 in 252 steps, TRL 0.26 .54 .67 .70 .72 .75 .70 in 318 steps.
+
 Temperature 1.0 at rate 2e-5 diverged within 5 steps (entropy 1.3 -> 3.1
 nats, sampled accuracy 0-0.12). With a constant rate the entropy collapses
 below 0.1 nats per token after ~15 minutes and held-out accuracy drifts down
