@@ -85,6 +85,31 @@ def test_decode_step_matches_cached_apply(model, dtype):
                                atol=tol, rtol=tol)
 
 
+def test_bfloat16_decoding_with_a_float32_cache_equals_a_bfloat16_cache(model):
+  """Keys and values are rounded to bf16 before they are stored, so a float32 cache
+  holds exactly the bf16 cache's numbers and decoding gives the same logits."""
+  cfg = model.cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+  params = transformer.cast_params(model.params, "bfloat16")
+  rng = np.random.default_rng(2)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(2, 6)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  caches = {}
+  for cache_dtype in ("bfloat16", "float32"):
+    cache = transformer.init_cache(cfg, 2, 9, dtype=cache_dtype)
+    _, cache = _apply(params, tokens, positions, cfg, cache=cache)
+    logits = []
+    for step in range(3):
+      new = tokens[:, step]
+      out, cache = _decode_step(params, new, jnp.full((2,), 6 + step), cfg, cache, False)
+      logits.append(np.asarray(out))
+    caches[cache_dtype] = (cache, np.stack(logits))
+  (c16, l16), (c32, l32) = caches["bfloat16"], caches["float32"]
+  assert c32.k[0].dtype == jnp.float32
+  for a, b in zip(c16.k + c16.v, c32.k + c32.v, strict=True):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b))
+  np.testing.assert_allclose(l32, l16, atol=1e-5, rtol=1e-5)
+
+
 def test_decode_step_rejects_bad_shapes(tiny_model):
   cfg, params = tiny_model.cfg, tiny_model.params
   cache = transformer.init_cache(cfg, 2, 4)

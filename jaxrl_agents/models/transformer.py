@@ -465,8 +465,15 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   valid = jax.lax.dynamic_update_slice(cache.valid, jnp.ones((b, 1), bool), (0, start))
   allowed = (jnp.arange(valid.shape[1]) <= start)[None, :] & valid  # [B, S]
   zero = jnp.zeros((), jnp.int32)
-  x = params["embed"][tokens].astype(dtype).T  # [D, B]
+  # Gathered straight into [D, B]: `embed[tokens].T` leaves a transposed
+  # layout that XLA:CPU carries into the projections, and a bf16 dot with a
+  # transposed operand loses its fast kernel (XLA converts the weights to f32,
+  # every step).
+  x = jnp.take(params["embed"].T, tokens, axis=1).astype(dtype)  # [D, B]
   f32 = lambda a: _rounded_f32(a, dtype)
+  # Keys and values enter the cache already rounded to the compute dtype, so
+  # a float32 cache is read as is.
+  kv_f32 = lambda a: a if a.dtype == jnp.float32 else f32(a)
   new_k, new_v = [], []
   for i, layer in enumerate(params["layers"]):
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps, axis=0)
@@ -488,11 +495,13 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
     new_k.append(keys)
     new_v.append(values)
     q_rows = q.reshape(kv_heads, groups, dh, b).transpose(3, 0, 1, 2)  # [B, K, G, Dh]
-    scores = jnp.einsum("bkgd,bksd->bkgs", f32(q_rows), f32(keys)) / math.sqrt(dh)
+    scores = jnp.einsum("bkgd,bksd->bkgs", f32(q_rows), kv_f32(keys)) / math.sqrt(dh)
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    attn = jnp.einsum("bkgs,bksd->bkgd", f32(probs), f32(values)).astype(dtype)
-    x = x + _dense_fm(layer["wo"], attn.reshape(b, heads * dh).T, dtype)
+    attn = jnp.einsum("bkgs,bksd->bkgd", f32(probs), kv_f32(values))
+    # Row-major [B, H*Dh] @ wo.T, for the same reason as the embedding gather:
+    # wo @ attn.T would feed the dot a transposed operand.
+    x = x + _dense(attn.reshape(b, heads * dh), layer["wo"], dtype).T
     h = rms_norm(x, layer["mlp_norm"], cfg.norm_eps, axis=0)
     gate = _dense_fm(layer["w_gate"], h, dtype)
     up = _dense_fm(layer["w_up"], h, dtype)
@@ -502,7 +511,10 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   w = params["embed"] if cfg.tie_embeddings else params["lm_head"]
   logits = jnp.einsum("vd,db->vb", w.astype(dtype), x, preferred_element_type=jnp.float32)
   if not vocab_major:
-    logits = logits.T
+    # The barrier keeps XLA from folding the transpose into the head's dot:
+    # that form has no bf16 x bf16 -> f32 kernel on XLA:CPU (an UNIMPLEMENTED
+    # error at run time).
+    logits = jax.lax.optimization_barrier(logits).T
   return logits, KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=start + 1)
 
 
