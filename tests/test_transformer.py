@@ -52,6 +52,41 @@ def test_cached_decoding_matches_full_forward(model):
   assert int(cache.index) == 12
 
 
+def test_prefill_into_a_new_cache_equals_apply_with_an_empty_cache(model):
+  """new_cache_len: attention over the prompt only, the same hidden states and cache."""
+  cfg, params = model.cfg, model.params
+  rng = np.random.default_rng(3)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(2, 7)), jnp.int32)
+  mask = np.ones((2, 7), bool)
+  mask[1, :3] = False
+  positions = transformer.positions_from_mask(jnp.asarray(mask))
+  segments = jnp.asarray(mask, jnp.int32)
+  want, want_cache = _apply(params, tokens, positions, cfg, segment_ids=segments,
+                            cache=transformer.init_cache(cfg, 2, 10), return_hidden=True)
+  prefill = jax.jit(transformer.apply, static_argnums=3,
+                    static_argnames=("return_hidden", "new_cache_len", "num_positions"))
+  got, cache = prefill(params, tokens, positions, cfg, segment_ids=segments, return_hidden=True,
+                       new_cache_len=10, num_positions=7)
+  real = mask[:, :, None]  # padding rows attend to nothing either way; compare real tokens
+  np.testing.assert_allclose(np.asarray(got) * real, np.asarray(want) * real, atol=2e-5, rtol=1e-5)
+  assert int(cache.index) == 7 and cache.k[0].shape == want_cache.k[0].shape
+  np.testing.assert_array_equal(np.asarray(cache.valid), np.asarray(want_cache.valid))
+  for a, b in zip(cache.k + cache.v, want_cache.k + want_cache.v, strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="new_cache_len 5 < 7"):
+    transformer.apply(params, tokens, positions, cfg, new_cache_len=5)
+
+
+def test_rope_tables_from_a_table_equal_the_direct_angles():
+  inv_freq = transformer.rope_frequencies(zoo.load("tiny").cfg)
+  positions = jnp.asarray([[0, 1, 5, 63], [7, 7, 0, 62]], jnp.int32)
+  direct = transformer.rope_tables(positions, inv_freq)
+  table = transformer.rope_tables(positions, inv_freq, num_positions=64)
+  for a, b in zip(direct, table, strict=True):
+    assert a.shape == b.shape == (2, 4, 1, inv_freq.shape[0])
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 _decode_step = jax.jit(transformer.decode_step, static_argnums=(3, 5))
 
 

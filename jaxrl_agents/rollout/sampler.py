@@ -213,15 +213,15 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
   batch, prompt_len = prompt_tokens.shape
   batch *= samples_per_prompt
   n = sampling.max_new_tokens
+  positions = transformer.positions_from_mask(prompt_mask)
   # A float32 cache whatever the compute dtype: XLA:CPU has no bf16 kernel for
   # the attention's batched dots, and converting a bf16 cache for them (and
   # back, on every write) cost ~40% of a bf16 decode step at batch 32. Keys and
   # values are rounded to the compute dtype before they are stored.
-  cache = transformer.init_cache(cfg, prompt_tokens.shape[0], prompt_len + n, dtype="float32")
-  positions = transformer.positions_from_mask(prompt_mask)
   hidden, cache = transformer.apply(
       params, prompt_tokens, positions, cfg, segment_ids=prompt_mask.astype(jnp.int32),
-      cache=cache, return_hidden=True)
+      return_hidden=True, new_cache_len=prompt_len + n, cache_dtype="float32",
+      num_positions=prompt_len)
   logits = transformer.lm_head(params, hidden[:, -1], cfg).T  # vocabulary-major [V, P]
   next_position = prompt_mask.sum(axis=-1).astype(jnp.int32)
   if samples_per_prompt > 1:

@@ -57,17 +57,18 @@ def completion_hidden(params, cfg: transformer.TransformerConfig, batch: Sequenc
     mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1)
     positions = transformer.positions_from_mask(mask)
     hidden, _ = transformer.apply(params, tokens, positions, cfg,
-                                  segment_ids=mask.astype(jnp.int32), return_hidden=True)
+                                  segment_ids=mask.astype(jnp.int32), return_hidden=True,
+                                  num_positions=lp + n)
     return hidden[:, lp - 1: lp - 1 + n]
   b = batch.prompt_tokens.shape[0]
   if group_size < 1 or b % group_size:
     raise ValueError(f"batch of {b} rows is not a whole number of groups of {group_size}")
   prompt_tokens = batch.prompt_tokens[::group_size]
   prompt_mask = batch.prompt_mask[::group_size]
-  cache = transformer.init_cache(cfg, b // group_size, lp + n - 1)
   prompt_hidden, cache = transformer.apply(
       params, prompt_tokens, transformer.positions_from_mask(prompt_mask), cfg,
-      segment_ids=prompt_mask.astype(jnp.int32), cache=cache, return_hidden=True)
+      segment_ids=prompt_mask.astype(jnp.int32), return_hidden=True, new_cache_len=lp + n - 1,
+      num_positions=lp)
   # The last prompt position predicts the first completion token; completion
   # token j predicts token j + 1, so the last one is never an input.
   first = jnp.repeat(prompt_hidden[:, -1:], group_size, axis=0)
@@ -78,7 +79,8 @@ def completion_hidden(params, cfg: transformer.TransformerConfig, batch: Sequenc
   positions = prompt_len + jnp.arange(n - 1, dtype=jnp.int32)[None, :]
   rest, _ = transformer.apply(
       params, inputs, positions, cfg, segment_ids=batch.completion_mask[:, :-1].astype(jnp.int32),
-      cache=transformer.repeat_cache(cache, group_size), return_hidden=True)
+      cache=transformer.repeat_cache(cache, group_size), return_hidden=True,
+      num_positions=lp + n)
   return jnp.concatenate([first, rest], axis=1)
 
 
