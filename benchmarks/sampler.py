@@ -39,7 +39,6 @@ from jaxrl_agents.rollout import sampler as sampler_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NEW_TOKENS = 64
-PROMPT_BUCKET = 64
 
 
 def make_questions(n: int, seed: int = 0) -> list[str]:
@@ -68,16 +67,24 @@ def best_of(fn, repeats: int) -> tuple[float, float]:
   return first, min(timed(fn)() for _ in range(repeats))
 
 
-def ours_runner(model, ids, dtype, bs):
+def ours_runner(model, ids, dtype, bs, shared_prefix=True):
+  """The prompts as `Sampler` passes them: the batch's common prefix (the chat
+  template's system prompt) prefilled once, the rest left-padded to a bucket."""
   sampling = sampler_lib.SamplingConfig(max_new_tokens=NEW_TOKENS, stop_tokens=(),
                                         pad_id=model.tokenizer.pad_token_id)
   cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
   params = transformer.cast_params(model.params, dtype)
-  tokens, mask = tokenizer_lib.pad_left(ids[:bs], model.tokenizer.pad_token_id, PROMPT_BUCKET)
+  prefix, rest = [], ids[:bs]
+  if shared_prefix and bs > 1:
+    prefix, rest = sampler_lib.split_shared_prefix(rest)
+  length = sampler_lib.bucket(max(len(s) for s in rest))
+  tokens, mask = tokenizer_lib.pad_left(rest, model.tokenizer.pad_token_id, length)
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  prefix = jnp.asarray(prefix, jnp.int32) if prefix else None
 
   def run():
-    out = sampler_lib.generate(params, cfg, tokens, mask, jax.random.key(0), sampling)
+    out = sampler_lib.generate(params, cfg, tokens, mask, jax.random.key(0), sampling,
+                               prefix_tokens=prefix)
     jax.block_until_ready(out)
   return timed(run)
 
@@ -177,6 +184,8 @@ def main():
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--skip-tunix", action="store_true")
   p.add_argument("--skip-hf", action="store_true")
+  p.add_argument("--no-shared-prefix", action="store_true",
+                 help="prefill every prompt whole (no shared system-prompt prefix)")
   args = p.parse_args()
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   dtypes = args.dtypes.split(",")
@@ -193,7 +202,9 @@ def main():
   cpu = cpu_info.describe()
   print("machine:", json.dumps({**cpu, **{k: round(v, 1) for k, v in limits.items()}}), flush=True)
   result = {"tok_s": {}, "compile_s": {}, "machine": {**cpu, **limits},
-            "prompt_tokens_mean": float(np.mean([len(i) for i in ids]))}
+            "prompt_tokens_mean": float(np.mean([len(i) for i in ids])),
+            "ours_shared_prefix_tokens": 0 if args.no_shared_prefix else len(
+                sampler_lib.split_shared_prefix(ids)[0])}
   systems = ["ours"] + ([] if args.skip_hf else ["hf"]) + ([] if args.skip_tunix else ["tunix"])
   for system in systems:
     result["tok_s"][system], result["compile_s"][system] = {}, {}
@@ -201,7 +212,7 @@ def main():
   for dtype in dtypes:
     hf_model = None if args.skip_hf else load_hf(hf_dir, dtype)
     for bs in batch_sizes:
-      runners = {"ours": ours_runner(model, ids, dtype, bs)}
+      runners = {"ours": ours_runner(model, ids, dtype, bs, not args.no_shared_prefix)}
       if hf_model is not None:
         runners["hf"] = hf_runner(hf_model, ids, model.tokenizer.pad_token_id, bs)
       if tunix is not None:

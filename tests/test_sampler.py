@@ -238,3 +238,42 @@ def test_inverse_cdf_vocab_major_draws_the_same_tokens():
   np.testing.assert_array_equal(
       np.asarray(sampler_lib.sample_inverse_cdf(rng, log_probs)),
       np.asarray(sampler_lib.sample_inverse_cdf(rng, log_probs.T, axis=0)))
+
+
+def test_shared_prefix_generates_what_the_whole_prompts_would(tiny_model):
+  """The prefix prefilled once and shared: same tokens and logprobs as full prompts."""
+  params, cfg = tiny_model.params, tiny_model.cfg
+  prefix = [11, 12, 13, 14, 15, 16, 17, 18]
+  suffixes = [[5, 9, 14, 20, 31], [7, 3], [100, 101, 102]]
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=8, temperature=1.0, stop_tokens=(),
+                                        pad_id=0)
+  full_t, full_m = tokenizer_lib.pad_left([prefix + s for s in suffixes], pad_id=0, length=16)
+  suf_t, suf_m = tokenizer_lib.pad_left(suffixes, pad_id=0, length=8)
+  whole = sampler_lib.generate(params, cfg, jnp.asarray(full_t), jnp.asarray(full_m),
+                               jax.random.key(3), sampling)
+  shared = sampler_lib.generate(params, cfg, jnp.asarray(suf_t), jnp.asarray(suf_m),
+                                jax.random.key(3), sampling,
+                                prefix_tokens=jnp.asarray(prefix, jnp.int32))
+  np.testing.assert_array_equal(shared.tokens, whole.tokens)
+  np.testing.assert_allclose(shared.logprobs, whole.logprobs, atol=1e-4)
+  # And with G samples per prompt on top of the shared prefix.
+  grouped = sampler_lib.generate(params, cfg, jnp.asarray(suf_t), jnp.asarray(suf_m),
+                                 jax.random.key(3), sampling, samples_per_prompt=2,
+                                 prefix_tokens=jnp.asarray(prefix, jnp.int32))
+  copies = sampler_lib.generate(params, cfg, jnp.repeat(full_t, 2, 0), jnp.repeat(full_m, 2, 0),
+                                jax.random.key(3), sampling)
+  np.testing.assert_array_equal(grouped.tokens, copies.tokens)
+
+
+def test_split_shared_prefix():
+  split = sampler_lib.split_shared_prefix
+  ids = [list(range(20)) + [50, 51], list(range(20)) + [60], list(range(19)) + [70, 71]]
+  prefix, suffixes = split(ids)  # 19 tokens in common, rounded down to 16
+  assert prefix == list(range(16))
+  assert [prefix + s for s in suffixes] == ids
+  prefix, suffixes = split([[1, 2, 3] * 8, [1, 2, 3] * 8])  # identical prompts
+  assert len(prefix) == 16 and all(len(s) == 8 for s in suffixes)
+  assert split([[1] * 8, [1] * 8])[0] == []  # a suffix keeps at least one token
+  assert split([[1, 2], [3, 4]]) == ([], [[1, 2], [3, 4]])
+  with pytest.raises(ValueError, match="at least one token"):
+    split([[1, 2], []])

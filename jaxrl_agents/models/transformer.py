@@ -292,12 +292,15 @@ def _attention(q, k, v, allowed, cfg: TransformerConfig):
   groups = cfg.n_heads // cfg.n_kv_heads
   q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)
   f32 = lambda a: _rounded_f32(a, q.dtype)
-  scores = jnp.einsum("btkgd,bksd->bkgts", f32(q), f32(k)) / math.sqrt(dh)
+  # A float32 cache under bf16 compute already holds bf16-rounded keys and
+  # values (they are rounded before they are stored): read them as they are.
+  kv_f32 = lambda a: a if a.dtype == jnp.float32 else f32(a)
+  scores = jnp.einsum("btkgd,bksd->bkgts", f32(q), kv_f32(k)) / math.sqrt(dh)
   scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
   # A query with no allowed key (a padding row) gets zeros, not NaN or noise.
   probs = jnp.where(allowed[:, None, None].any(-1, keepdims=True), probs, 0.0)
-  out = jnp.einsum("bkgts,bksd->btkgd", f32(probs), f32(v))
+  out = jnp.einsum("bkgts,bksd->btkgd", f32(probs), kv_f32(v))
   return out.reshape(b, t, cfg.n_heads * dh).astype(q.dtype)
 
 

@@ -188,7 +188,8 @@ def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig):
 def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, rng: jax.Array, sampling: SamplingConfig,
              max_steps: jax.Array | int | None = None,
-             samples_per_prompt: int = 1) -> SampleOutput:
+             samples_per_prompt: int = 1,
+             prefix_tokens: jax.Array | None = None) -> SampleOutput:
   """Generates completions for left-padded prompts.
 
   Args:
@@ -203,6 +204,10 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
     samples_per_prompt: G (static): completions per prompt. Each prompt is
       prefilled once and its cache repeated, so a group of G samples pays for
       one prefill; the same as passing each prompt G times, in less time.
+    prefix_tokens: optional int32[Lx], tokens every prompt starts with (a chat
+      template's system prompt, say; see `split_shared_prefix`). Each prompt is
+      then prefix + its row of `prompt_tokens`; the prefix goes through the
+      model once for the whole batch and its cache is shared.
 
   Returns:
     SampleOutput with B = P * G rows (prompt-major: row i is a sample of
@@ -217,20 +222,33 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
     # weight to f32 at each step (a bf16 single-row decode ran ~4x slower than
     # f32); two columns take the bf16 kernel. Decode a copy alongside, keep row 0.
     out = generate(params, cfg, jnp.repeat(prompt_tokens, 2, axis=0),
-                   jnp.repeat(prompt_mask, 2, axis=0), rng, sampling, max_steps)
+                   jnp.repeat(prompt_mask, 2, axis=0), rng, sampling, max_steps,
+                   prefix_tokens=prefix_tokens)
     return jax.tree.map(lambda x: x[:1], out)
   n = sampling.max_new_tokens
-  positions = transformer.positions_from_mask(prompt_mask)
   # A float32 cache whatever the compute dtype: XLA:CPU has no bf16 kernel for
   # the attention's batched dots, and converting a bf16 cache for them (and
   # back, on every write) cost ~40% of a bf16 decode step at batch 32. Keys and
   # values are rounded to the compute dtype before they are stored.
-  hidden, cache = transformer.apply(
-      params, prompt_tokens, positions, cfg, segment_ids=prompt_mask.astype(jnp.int32),
-      return_hidden=True, new_cache_len=prompt_len + n, cache_dtype="float32",
-      num_positions=prompt_len)
+  segments = prompt_mask.astype(jnp.int32)
+  if prefix_tokens is None or prefix_tokens.shape[0] == 0:
+    lx = 0
+    hidden, cache = transformer.apply(
+        params, prompt_tokens, transformer.positions_from_mask(prompt_mask), cfg,
+        segment_ids=segments, return_hidden=True, new_cache_len=prompt_len + n,
+        cache_dtype="float32", num_positions=prompt_len)
+  else:
+    lx = prefix_tokens.shape[0]
+    _, cache = transformer.apply(
+        params, prefix_tokens[None], jnp.arange(lx, dtype=jnp.int32)[None], cfg,
+        return_hidden=True, new_cache_len=lx + prompt_len + n, cache_dtype="float32",
+        num_positions=lx)
+    hidden, cache = transformer.apply(
+        params, prompt_tokens, lx + transformer.positions_from_mask(prompt_mask), cfg,
+        segment_ids=segments, cache=transformer.repeat_cache(cache, prompt_tokens.shape[0]),
+        return_hidden=True, num_positions=lx + prompt_len)
   logits = transformer.lm_head(params, hidden[:, -1], cfg).T  # vocabulary-major [V, P]
-  next_position = prompt_mask.sum(axis=-1).astype(jnp.int32)
+  next_position = lx + prompt_mask.sum(axis=-1).astype(jnp.int32)
   if samples_per_prompt > 1:
     cache = transformer.repeat_cache(cache, samples_per_prompt)
     logits = jnp.repeat(logits, samples_per_prompt, axis=1)
@@ -275,6 +293,25 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
                       lengths=lengths)
 
 
+def split_shared_prefix(ids: list[list[int]], multiple: int = 8
+                        ) -> tuple[list[int], list[list[int]]]:
+  """(prefix, suffixes): the token prefix all prompts share, and what follows it in each.
+
+  The prefix is the longest common one rounded down to a multiple of
+  `multiple` (its length is a compiled shape, so it should not change with
+  the first words of the questions) and leaves every suffix at least one
+  token (the last prompt position predicts the first new token).
+  """
+  if not ids or any(len(s) == 0 for s in ids):
+    raise ValueError("every prompt needs at least one token")
+  shortest = min(len(s) for s in ids)
+  common = 0
+  while common < shortest - 1 and all(s[common] == ids[0][common] for s in ids):
+    common += 1
+  common -= common % multiple
+  return list(ids[0][:common]), [list(s[common:]) for s in ids]
+
+
 def bucket(n: int, minimum: int = 16) -> int:
   """Rounds n up to the next power of two (at least `minimum`), so shapes repeat."""
   return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
@@ -300,6 +337,18 @@ class Sampler:
     ids = tokenizer_lib.encode_prompts(self.model.tokenizer, prompts, self.chat, self.system)
     if any(len(s) == 0 for s in ids):
       raise ValueError("empty prompt: every prompt needs at least one token")
+    return self._pad(ids, batch_size)
+
+  def encode_shared(self, prompts: list[str], batch_size: int | None = None):
+    """(shared prefix tokens, left-padded bucketed suffix tokens, their mask); see
+    `split_shared_prefix`. A single prompt shares nothing."""
+    ids = tokenizer_lib.encode_prompts(self.model.tokenizer, prompts, self.chat, self.system)
+    if any(len(s) == 0 for s in ids):
+      raise ValueError("empty prompt: every prompt needs at least one token")
+    prefix, suffixes = split_shared_prefix(ids) if len(ids) > 1 else ([], ids)
+    return (prefix, *self._pad(suffixes, batch_size))
+
+  def _pad(self, ids: list[list[int]], batch_size: int | None):
     length = bucket(max(len(s) for s in ids))
     tokens, mask = tokenizer_lib.pad_left(ids, self.pad_id, length)
     batch = batch_size or bucket(len(ids), minimum=1)
@@ -315,10 +364,11 @@ class Sampler:
     if max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     rng = jax.random.key(0) if rng is None else rng
-    tokens, mask = self.encode(prompts)
+    prefix, tokens, mask = self.encode_shared(prompts)
     sampling = self.sampling_config(bucket(max_new_tokens), temperature, **kwargs)
     out = generate(self.model.params, self.model.cfg, jnp.asarray(tokens), jnp.asarray(mask),
-                   rng, sampling, max_steps=jnp.int32(max_new_tokens))
+                   rng, sampling, max_steps=jnp.int32(max_new_tokens),
+                   prefix_tokens=jnp.asarray(prefix, jnp.int32) if prefix else None)
     out = jax.tree.map(lambda x: np.asarray(x)[: len(prompts), :max_new_tokens]
                        if x.ndim == 2 else np.asarray(x)[: len(prompts)], out)
     texts = []
