@@ -226,10 +226,11 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
                    prefix_tokens=prefix_tokens)
     return jax.tree.map(lambda x: x[:1], out)
   n = sampling.max_new_tokens
-  # A float32 cache whatever the compute dtype: XLA:CPU has no bf16 kernel for
-  # the attention's batched dots, and converting a bf16 cache for them (and
-  # back, on every write) cost ~40% of a bf16 decode step at batch 32. Keys and
-  # values are rounded to the compute dtype before they are stored.
+  # A float32 cache whatever the compute dtype: with a bf16 cache, XLA:CPU
+  # converted each layer's whole cache to float32 for the attention and back
+  # again around the one-slot write (no longer in place), ~40% of a bf16 decode
+  # step at batch 32. Keys and values are rounded to the compute dtype before
+  # they are stored, so the numbers are the bf16 cache's.
   segments = prompt_mask.astype(jnp.int32)
   if prefix_tokens is None or prefix_tokens.shape[0] == 0:
     lx = 0
