@@ -123,8 +123,28 @@ def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
   (a 46-token SmolLM2 chat prompt pads to 48, not 64).
   """
   ids = tokenizer_lib.encode_prompts(tokenizer, prompts, chat, system)
+  return _pad_to_multiple(ids, tokenizer.pad_token_id, multiple)
+
+
+def _pad_to_multiple(ids: list[list[int]], pad_id: int, multiple: int):
   length = -(-max(len(s) for s in ids) // multiple) * multiple
-  return tokenizer_lib.pad_left(ids, tokenizer.pad_token_id, length)
+  return tokenizer_lib.pad_left(ids, pad_id, length)
+
+
+def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int, multiple: int = 16
+                       ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+  """(shared prefix or None, suffix tokens, suffix mask) of `encode`'s prompts for `generate`.
+
+  The chat template's system prompt starts every prompt: the sampler prefills
+  it once for the batch (`prefix_tokens`) and the rows only their own part.
+  """
+  ids = [row[m].tolist() for row, m in zip(tokens, mask, strict=True)]
+  if len(ids) < 2:
+    return None, tokens, mask
+  prefix, suffixes = sampler_lib.split_shared_prefix(ids)
+  if not prefix:
+    return None, tokens, mask
+  return np.asarray(prefix, np.int32), *_pad_to_multiple(suffixes, pad_id, multiple)
 
 
 def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) -> int:
@@ -162,9 +182,11 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
   """
   unique_prompts = format_prompts(examples, template)
   unique_tokens, unique_mask = encode(model.tokenizer, unique_prompts, chat=chat, system=system)
-  out = sampler_lib.generate(params, model.cfg, jnp.asarray(unique_tokens),
-                             jnp.asarray(unique_mask), rng, sampling,
-                             samples_per_prompt=group_size)
+  prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
+                                                    model.tokenizer.pad_token_id)
+  out = sampler_lib.generate(params, model.cfg, jnp.asarray(gen_tokens), jnp.asarray(gen_mask),
+                             rng, sampling, samples_per_prompt=group_size,
+                             prefix_tokens=None if prefix is None else jnp.asarray(prefix))
   examples = [ex for ex in examples for _ in range(group_size)]
   prompts = [p for p in unique_prompts for _ in range(group_size)]
   tokens = np.repeat(unique_tokens, group_size, axis=0)

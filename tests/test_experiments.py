@@ -183,6 +183,20 @@ def test_select_groups_keeps_groups_with_reward_variance_first():
     grpo.select_groups(seq, rewards, keep=6)
 
 
+def test_split_for_sampling_keeps_every_prompt():
+  tok = zoo.load("tiny").tokenizer
+  prompts = ["What is 12 plus 30?", "What is 7 times 8?", "What is 99 minus 1?"]
+  tokens, mask = rl_loop.encode(tok, prompts, chat=True, system=None)
+  prefix, suffix, suffix_mask = rl_loop.split_for_sampling(tokens, mask, tok.pad_token_id)
+  assert prefix is not None and len(prefix) % 8 == 0 and len(prefix) >= 8
+  assert suffix.shape[1] % 16 == 0 and suffix.shape[1] < tokens.shape[1]
+  for row, m, srow, sm in zip(tokens, mask, suffix, suffix_mask, strict=True):
+    assert prefix.tolist() + srow[sm].tolist() == row[m].tolist()
+  one = rl_loop.split_for_sampling(tokens[:1], mask[:1], tok.pad_token_id)
+  assert one[0] is None  # a single prompt shares nothing: sampled whole
+  np.testing.assert_array_equal(one[1], tokens[:1])
+
+
 def test_tiny_grpo_with_oversampling(tmp_path):
   config = grpo_arithmetic.get_config("tiny")
   config.steps, config.oversample = 2, 3
