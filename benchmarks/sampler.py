@@ -75,7 +75,7 @@ def ours_runner(model, ids, dtype, bs, shared_prefix=True):
   cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
   params = transformer.cast_params(model.params, dtype)
   prefix, rest = [], ids[:bs]
-  if shared_prefix and bs > 1:
+  if shared_prefix:
     prefix, rest = sampler_lib.split_shared_prefix(rest)
   length = sampler_lib.bucket(max(len(s) for s in rest))
   tokens, mask = tokenizer_lib.pad_left(rest, model.tokenizer.pad_token_id, length)

@@ -139,8 +139,6 @@ def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int, multip
   it once for the batch (`prefix_tokens`) and the rows only their own part.
   """
   ids = [row[m].tolist() for row, m in zip(tokens, mask, strict=True)]
-  if len(ids) < 2:
-    return None, tokens, mask
   prefix, suffixes = sampler_lib.split_shared_prefix(ids)
   if not prefix:
     return None, tokens, mask

@@ -275,5 +275,6 @@ def test_split_shared_prefix():
   assert len(prefix) == 16 and all(len(s) == 8 for s in suffixes)
   assert split([[1] * 8, [1] * 8])[0] == []  # a suffix keeps at least one token
   assert split([[1, 2], [3, 4]]) == ([], [[1, 2], [3, 4]])
+  assert split([list(range(20))]) == ([], [list(range(20))])  # one prompt shares nothing
   with pytest.raises(ValueError, match="at least one token"):
     split([[1, 2], []])

@@ -220,6 +220,15 @@ def _rounded_f32(a: jax.Array, dtype) -> jax.Array:
   return a.astype(dtype).astype(jnp.float32)
 
 
+def _cached_f32(a: jax.Array, dtype) -> jax.Array:
+  """Keys or values in float32 for the attention, rounded to the compute dtype.
+
+  A float32 cache under bf16 compute already holds rounded values (they are
+  rounded before they are stored), so it is read as is.
+  """
+  return a if a.dtype == jnp.float32 else _rounded_f32(a, dtype)
+
+
 def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
   """Inverse frequencies f32[Dh/2], with Llama-3 scaling applied if configured."""
   half = cfg.head_dim // 2
@@ -292,9 +301,7 @@ def _attention(q, k, v, allowed, cfg: TransformerConfig):
   groups = cfg.n_heads // cfg.n_kv_heads
   q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)
   f32 = lambda a: _rounded_f32(a, q.dtype)
-  # A float32 cache under bf16 compute already holds bf16-rounded keys and
-  # values (they are rounded before they are stored): read them as they are.
-  kv_f32 = lambda a: a if a.dtype == jnp.float32 else f32(a)
+  kv_f32 = lambda a: _cached_f32(a, q.dtype)
   scores = jnp.einsum("btkgd,bksd->bkgts", f32(q), kv_f32(k)) / math.sqrt(dh)
   scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
@@ -526,9 +533,7 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   # every step).
   x = jnp.take(params["embed"].T, tokens, axis=1).astype(dtype)  # [D, B]
   f32 = lambda a: _rounded_f32(a, dtype)
-  # Keys and values enter the cache already rounded to the compute dtype, so
-  # a float32 cache is read as is.
-  kv_f32 = lambda a: a if a.dtype == jnp.float32 else f32(a)
+  kv_f32 = lambda a: _cached_f32(a, dtype)
   new_k, new_v = [], []
   for i, layer in enumerate(params["layers"]):
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps, axis=0)

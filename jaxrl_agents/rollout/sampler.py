@@ -301,10 +301,13 @@ def split_shared_prefix(ids: list[list[int]], multiple: int = 8
   The prefix is the longest common one rounded down to a multiple of
   `multiple` (its length is a compiled shape, so it should not change with
   the first words of the questions) and leaves every suffix at least one
-  token (the last prompt position predicts the first new token).
+  token (the last prompt position predicts the first new token). Fewer than
+  two prompts share nothing: ([], ids).
   """
   if not ids or any(len(s) == 0 for s in ids):
     raise ValueError("every prompt needs at least one token")
+  if len(ids) < 2:
+    return [], [list(s) for s in ids]
   shortest = min(len(s) for s in ids)
   common = 0
   while common < shortest - 1 and all(s[common] == ids[0][common] for s in ids):
@@ -335,19 +338,19 @@ class Sampler:
 
   def encode(self, prompts: list[str], batch_size: int | None = None):
     """Left-padded, bucketed int32[B, Lp] tokens and bool mask."""
-    ids = tokenizer_lib.encode_prompts(self.model.tokenizer, prompts, self.chat, self.system)
-    if any(len(s) == 0 for s in ids):
-      raise ValueError("empty prompt: every prompt needs at least one token")
-    return self._pad(ids, batch_size)
+    return self._pad(self._token_ids(prompts), batch_size)
 
   def encode_shared(self, prompts: list[str], batch_size: int | None = None):
     """(shared prefix tokens, left-padded bucketed suffix tokens, their mask); see
-    `split_shared_prefix`. A single prompt shares nothing."""
+    `split_shared_prefix`."""
+    prefix, suffixes = split_shared_prefix(self._token_ids(prompts))
+    return (prefix, *self._pad(suffixes, batch_size))
+
+  def _token_ids(self, prompts: list[str]) -> list[list[int]]:
     ids = tokenizer_lib.encode_prompts(self.model.tokenizer, prompts, self.chat, self.system)
     if any(len(s) == 0 for s in ids):
       raise ValueError("empty prompt: every prompt needs at least one token")
-    prefix, suffixes = split_shared_prefix(ids) if len(ids) > 1 else ([], ids)
-    return (prefix, *self._pad(suffixes, batch_size))
+    return ids
 
   def _pad(self, ids: list[list[int]], batch_size: int | None):
     length = bucket(max(len(s) for s in ids))
