@@ -70,6 +70,8 @@ def test_prefill_into_a_new_cache_equals_apply_with_an_empty_cache(model):
   real = mask[:, :, None]  # padding rows attend to nothing either way; compare real tokens
   np.testing.assert_allclose(np.asarray(got) * real, np.asarray(want) * real, atol=2e-5, rtol=1e-5)
   assert int(cache.index) == 7 and cache.k[0].shape == want_cache.k[0].shape
+  assert cache.k[0].shape == (2, cfg.n_kv_heads, cfg.head_dim, 10)  # keys slots-last
+  assert cache.v[0].shape == (2, cfg.n_kv_heads, 10, cfg.head_dim)
   np.testing.assert_array_equal(np.asarray(cache.valid), np.asarray(want_cache.valid))
   for a, b in zip(cache.k + cache.v, want_cache.k + want_cache.v, strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)

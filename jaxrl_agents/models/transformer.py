@@ -125,10 +125,12 @@ class KVCache(NamedTuple):
   """Decoding state. Slots are positions in the buffer, not RoPE positions.
 
   Attributes:
-    k: L arrays f[B, K, S, Dh], keys already rotated. Heads before slots: the
-      attention contracts each head's [S, Dh] block directly, where a
+    k: L arrays f[B, K, Dh, S], keys already rotated, slots last. Heads before
+      slots: the attention contracts each head's block directly, where a
       [B, S, K, Dh] buffer made XLA transpose the whole cache at every decode
-      step.
+      step. Slots last: the scores q @ k are then an ordinary [G, Dh] @ [Dh, S]
+      product per head, which XLA:CPU ran in 8-14% less time per decode step
+      than contracting [S, Dh] blocks on their last axis (SmolLM2, batch 32).
     v: L arrays f[B, K, S, Dh], values.
     valid: bool[B, S] whether a slot holds a real (non-padding) token.
     index: int32[] the next slot to write; every row writes the same slots.
@@ -143,11 +145,12 @@ class KVCache(NamedTuple):
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int,
                dtype: str | None = None) -> KVCache:
   """An empty cache of `max_len` slots per row, in the compute dtype by default."""
-  shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+  k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
+  v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
   dt = _as_dtype(dtype or cfg.dtype)
   return KVCache(
-      k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers)),
-      v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers)),
+      k=tuple(jnp.zeros(k_shape, dt) for _ in range(cfg.n_layers)),
+      v=tuple(jnp.zeros(v_shape, dt) for _ in range(cfg.n_layers)),
       valid=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
@@ -288,11 +291,12 @@ def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
   return y.astype(dtype)
 
 
-def _attention(q, k, v, allowed, cfg: TransformerConfig):
+def _attention(q, k, v, allowed, cfg: TransformerConfig, slots_last: bool = False):
   """Grouped-query attention.
 
   Args:
-    q: f[B, T, H, Dh]; k, v: f[B, K, S, Dh].
+    q: f[B, T, H, Dh]; k: f[B, K, S, Dh], or f[B, K, Dh, S] if `slots_last`
+      (the cache's layout); v: f[B, K, S, Dh].
     allowed: bool[B, T, S], which keys each query may attend to.
   Returns:
     f[B, T, H*Dh].
@@ -302,7 +306,8 @@ def _attention(q, k, v, allowed, cfg: TransformerConfig):
   q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)
   f32 = lambda a: _rounded_f32(a, q.dtype)
   kv_f32 = lambda a: _cached_f32(a, q.dtype)
-  scores = jnp.einsum("btkgd,bksd->bkgts", f32(q), kv_f32(k)) / math.sqrt(dh)
+  spec = "btkgd,bkds->bkgts" if slots_last else "btkgd,bksd->bkgts"
+  scores = jnp.einsum(spec, f32(q), kv_f32(k)) / math.sqrt(dh)
   scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
   # A query with no allowed key (a padding row) gets zeros, not NaN or noise.
@@ -406,11 +411,11 @@ def apply(
     raise ValueError(f"params have {len(params['layers'])} layers, config says {cfg.n_layers}")
 
   def block(x, layer, k_fn):
-    """One pre-norm decoder layer; k_fn(k, v) -> (keys, values, allowed) to attend over."""
+    """One pre-norm decoder layer; k_fn(k, v) -> (keys, values, allowed, slots_last)."""
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
     q, k, v = _qkv(h, layer, positions, inv_freq, tables, cfg, dtype)
-    keys, values, allowed = k_fn(k, v)
-    x = x + _dense(_attention(q, keys, values, allowed, cfg), layer["wo"], dtype)
+    keys, values, allowed, slots_last = k_fn(k, v)
+    x = x + _dense(_attention(q, keys, values, allowed, cfg, slots_last), layer["wo"], dtype)
     return x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
 
   if cache is None:
@@ -426,7 +431,7 @@ def apply(
       keys, values = heads_first(k), heads_first(v)
       new_k.append(keys)
       new_v.append(values)
-      return keys, values, allowed
+      return keys, values, allowed, False
 
     for layer in params["layers"]:
       x = block(x, layer, k_fn)
@@ -434,7 +439,8 @@ def apply(
     if new_cache_len is not None:
       dt = _as_dtype(cache_dtype or cfg.dtype)
       slots = lambda a: jnp.pad(a.astype(dt), ((0, 0), (0, 0), (0, new_cache_len - t), (0, 0)))
-      new_cache = KVCache(k=tuple(map(slots, new_k)), v=tuple(map(slots, new_v)),
+      key_slots = lambda a: slots(a).transpose(0, 1, 3, 2)
+      new_cache = KVCache(k=tuple(map(key_slots, new_k)), v=tuple(map(slots, new_v)),
                           valid=jnp.pad(token_valid, ((0, 0), (0, new_cache_len - t))),
                           index=jnp.int32(t))
   else:
@@ -455,12 +461,12 @@ def apply(
         # Each layer's buffer is its own array, updated in place (donate the
         # cache at the jit boundary, or carry it through a while_loop).
         keys = jax.lax.dynamic_update_slice(
-            cache.k[i], k.transpose(0, 2, 1, 3).astype(cache.k[i].dtype), (zero, zero, start, zero))
+            cache.k[i], k.transpose(0, 2, 3, 1).astype(cache.k[i].dtype), (zero, zero, zero, start))
         values = jax.lax.dynamic_update_slice(
             cache.v[i], v.transpose(0, 2, 1, 3).astype(cache.v[i].dtype), (zero, zero, start, zero))
         new_k.append(keys)
         new_v.append(values)
-        return keys, values, allowed
+        return keys, values, allowed, True
       return k_fn
 
     for i, layer in enumerate(params["layers"]):
@@ -546,16 +552,16 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
       v = v + layer["bv"].astype(dtype)[:, None]
     q = _rope_fm(q.reshape(heads, dh, b), positions, inv_freq)
     k = _rope_fm(k.reshape(kv_heads, dh, b), positions, inv_freq)
-    # The cache is row-major [B, K, S, Dh]; one new slot per row.
-    k_slot = k.transpose(2, 0, 1)[:, :, None, :].astype(cache.k[i].dtype)
+    # Keys [B, K, Dh, S] and values [B, K, S, Dh]; one new slot per row.
+    k_slot = k.transpose(2, 0, 1)[:, :, :, None].astype(cache.k[i].dtype)
     v_slot = v.reshape(kv_heads, dh, b).transpose(2, 0, 1)[:, :, None, :]
-    keys = jax.lax.dynamic_update_slice(cache.k[i], k_slot, (zero, zero, start, zero))
+    keys = jax.lax.dynamic_update_slice(cache.k[i], k_slot, (zero, zero, zero, start))
     values = jax.lax.dynamic_update_slice(
         cache.v[i], v_slot.astype(cache.v[i].dtype), (zero, zero, start, zero))
     new_k.append(keys)
     new_v.append(values)
     q_rows = q.reshape(kv_heads, groups, dh, b).transpose(3, 0, 1, 2)  # [B, K, G, Dh]
-    scores = jnp.einsum("bkgd,bksd->bkgs", f32(q_rows), kv_f32(keys)) / math.sqrt(dh)
+    scores = jnp.einsum("bkgd,bkds->bkgs", f32(q_rows), kv_f32(keys)) / math.sqrt(dh)
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     attn = jnp.einsum("bkgs,bksd->bkgd", f32(probs), kv_f32(values))
