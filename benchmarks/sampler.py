@@ -74,6 +74,8 @@ def ours_runner(model, ids, dtype, bs, shared_prefix=True):
                                         pad_id=model.tokenizer.pad_token_id)
   cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
   params = transformer.cast_params(model.params, dtype)
+  if bs == 1:  # one row: stacked projections, prepared once as `Sampler` does
+    params = transformer.fuse_projections(params)
   prefix, rest = [], ids[:bs]
   if shared_prefix:
     prefix, rest = sampler_lib.split_shared_prefix(rest)

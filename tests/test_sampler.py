@@ -58,6 +58,10 @@ def test_sampler_wrapper_text_round_trip(tiny_model):
   sampler = sampler_lib.Sampler(tiny_model, chat=True)
   texts, out = sampler(["hello", "a longer prompt here"], max_new_tokens=6)
   assert len(texts) == 2 and out.tokens.shape == (2, 6)
+  # One prompt alone decodes with stacked projections: the same greedy text.
+  alone, alone_out = sampler(["hello"], max_new_tokens=6)
+  assert alone == texts[:1]
+  np.testing.assert_allclose(alone_out.logprobs, out.logprobs[:1], atol=1e-5)
   with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
     sampler(["x"], max_new_tokens=0)
 

@@ -122,6 +122,32 @@ def test_decode_step_matches_cached_apply(model, dtype):
                                atol=tol, rtol=tol)
 
 
+def test_fused_projections_compute_the_same_function(model):
+  """Stacked q/k/v (with their biases) and gate/up matrices: the same logits and
+  cache, through `apply` (prefill) and `decode_step`."""
+  cfg, params = model.cfg, model.params
+  fused = transformer.fuse_projections(params)
+  assert "wq" not in fused["layers"][0] and "w_gate" not in fused["layers"][0]
+  assert fused["layers"][0]["wqkv"].shape == (
+      (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, cfg.d_model)
+  assert ("bqkv" in fused["layers"][0]) == cfg.qkv_bias
+  rng = np.random.default_rng(4)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(1, 5)), jnp.int32)
+  want_logits, cache = _apply(params, tokens, jnp.arange(5)[None], cfg,
+                              cache=transformer.init_cache(cfg, 1, 8))
+  got_logits, fused_cache = _apply(fused, tokens, jnp.arange(5)[None], cfg,
+                                   cache=transformer.init_cache(cfg, 1, 8))
+  np.testing.assert_allclose(np.asarray(got_logits), np.asarray(want_logits), atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(fused_cache), jax.tree.leaves(cache), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+  new, position = tokens[:, -1], jnp.full((1,), 5)
+  want, want_cache = _decode_step(params, new, position, cfg, cache, True)
+  got, got_cache = _decode_step(fused, new, position, cfg, cache, True)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
 def test_bfloat16_decoding_with_a_float32_cache_equals_a_bfloat16_cache(model):
   """Keys and values are rounded to bf16 before they are stored, so a float32 cache
   holds exactly the bf16 cache's numbers and decoding gives the same logits."""
