@@ -73,9 +73,8 @@ def ours_runner(model, ids, dtype, bs, shared_prefix=True):
   sampling = sampler_lib.SamplingConfig(max_new_tokens=NEW_TOKENS, stop_tokens=(),
                                         pad_id=model.tokenizer.pad_token_id)
   cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
-  params = transformer.cast_params(model.params, dtype)
-  if bs == 1:  # one row: stacked projections, prepared once as `Sampler` does
-    params = transformer.fuse_projections(params)
+  # Cast, and laid out for `bs` rows, once outside the timing, as `Sampler` does.
+  params = sampler_lib.decoding_params(transformer.cast_params(model.params, dtype), bs)
   prefix, rest = [], ids[:bs]
   if shared_prefix:
     prefix, rest = sampler_lib.split_shared_prefix(rest)

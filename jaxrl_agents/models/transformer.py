@@ -606,7 +606,7 @@ def fuse_projections(params: Params) -> Params:
   large matrices per layer faster than five smaller ones: a float32 SmolLM2
   decode step at batch 1 took 26.6 instead of 28.1 ms; with more rows it
   gained nothing (bf16 at batch 32 was 2-3% slower, about the noise). Stack
-  once, outside the calls (`Sampler` does for one-prompt calls): the copy took
+  once, outside the calls (`sampler.decoding_params`): the copy took
   ~70 ms, about what it saves over 64 tokens. Training keeps the separate
   matrices (the checkpoint layout).
   """
