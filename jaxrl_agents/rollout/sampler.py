@@ -1,10 +1,17 @@
-"""Jitted batched generation with a KV cache.
+"""Jitted batched generation with a KV cache passed in and out.
 
-`generate(params, cfg, prompt_tokens, prompt_mask, rng, sampling)` prefills the
-left-padded prompts in one pass (vocabulary logits only at the last prompt
-position), then decodes one token per iteration of a `lax.while_loop` that
-stops as soon as every row has emitted a stop token or `max_new_tokens` is
-reached. The cache lives in the loop carry, so XLA updates it in place.
+Three pieces, each a pure function of params and a `Continuation` (the cache
+plus next-token logits and positions), composable under jit and inside
+`lax.scan`:
+
+- `prefill`: left-padded prompts into a fresh cache (vocabulary logits only at
+  the last prompt position; a shared prefix and G samples per prompt run once).
+- `extend`: a block of tokens (an observation) appended to an existing cache,
+  without recomputing what it holds.
+- `decode`: one token per iteration of a `lax.while_loop` until every row has
+  stopped or the budget is spent; optionally returns the cache after it.
+
+`generate` is `prefill` then `decode`.
 
 `Sampler` is the host-side wrapper: chat templating, tokenization, shape
 bucketing (prompt length, batch, max new tokens rounded up so a run compiles a
@@ -184,13 +191,206 @@ def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig):
   return token, policy_logp, sampling_logp
 
 
+class Continuation(NamedTuple):
+  """Where decoding continues from: a batch's KV cache and its next-token logits.
+
+  `prefill` makes one, `extend` appends tokens to one (an environment's
+  observation, say) without recomputing what its cache holds, and `decode`
+  samples from one and, asked to, returns the one after its completions.
+
+  Attributes:
+    logits: f32[V, B] next-token logits, vocabulary-major (as the decode step's
+      head produces them).
+    cache: the KVCache; `cache.index` is the next slot every row writes.
+    next_position: int32[B] the RoPE position of each row's next token (the
+      number of real tokens it holds).
+  """
+
+  logits: jax.Array
+  cache: transformer.KVCache
+  next_position: jax.Array
+
+
+def prefill(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
+            prompt_mask: jax.Array, *, cache_len: int, samples_per_prompt: int = 1,
+            prefix_tokens: jax.Array | None = None) -> Continuation:
+  """Runs left-padded prompts into a fresh cache of `cache_len` slots per row.
+
+  Args:
+    params: model parameters.
+    cfg: the architecture.
+    prompt_tokens: int32[P, Lp], left-padded.
+    prompt_mask: bool[P, Lp], True on real prompt tokens (every row needs one).
+    cache_len: slots per row (static): the prompt's plus everything that will
+      be appended or decoded after it.
+    samples_per_prompt: G: each prompt is run once and its cache repeated for
+      G consecutive rows (row i continues prompt i // G).
+    prefix_tokens: optional int32[Lx] tokens every prompt starts with (see
+      `split_shared_prefix`): run once for the whole batch, its cache shared.
+      Each prompt is then prefix + its row of `prompt_tokens`.
+
+  Returns:
+    The Continuation of P * G rows.
+  """
+  if samples_per_prompt < 1:
+    raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+  prompt_len = prompt_tokens.shape[1]
+  lx = 0 if prefix_tokens is None else prefix_tokens.shape[0]
+  if cache_len < lx + prompt_len:
+    raise ValueError(f"cache_len {cache_len} < the prompt's {lx + prompt_len} tokens")
+  # A float32 cache whatever the compute dtype: with a bf16 cache, XLA:CPU
+  # converted each layer's whole cache to float32 for the attention and back
+  # again around the one-slot write (no longer in place), ~40% of a bf16 decode
+  # step at batch 32. Keys and values are rounded to the compute dtype before
+  # they are stored, so the numbers are the bf16 cache's.
+  segments = prompt_mask.astype(jnp.int32)
+  if lx == 0:
+    hidden, cache = transformer.apply(
+        params, prompt_tokens, transformer.positions_from_mask(prompt_mask), cfg,
+        segment_ids=segments, return_hidden=True, new_cache_len=cache_len,
+        cache_dtype="float32", num_positions=prompt_len)
+  else:
+    _, cache = transformer.apply(
+        params, prefix_tokens[None], jnp.arange(lx, dtype=jnp.int32)[None], cfg,
+        return_hidden=True, new_cache_len=cache_len, cache_dtype="float32",
+        num_positions=lx)
+    hidden, cache = transformer.apply(
+        params, prompt_tokens, lx + transformer.positions_from_mask(prompt_mask), cfg,
+        segment_ids=segments, cache=transformer.repeat_cache(cache, prompt_tokens.shape[0]),
+        return_hidden=True, num_positions=lx + prompt_len)
+  logits = transformer.lm_head(params, hidden[:, -1], cfg).T  # vocabulary-major [V, P]
+  next_position = lx + prompt_mask.sum(axis=-1).astype(jnp.int32)
+  if samples_per_prompt > 1:
+    cache = transformer.repeat_cache(cache, samples_per_prompt)
+    logits = jnp.repeat(logits, samples_per_prompt, axis=1)
+    next_position = jnp.repeat(next_position, samples_per_prompt, axis=0)
+  return Continuation(logits=logits.astype(jnp.float32), cache=cache,
+                      next_position=next_position)
+
+
+def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
+           tokens: jax.Array, mask: jax.Array) -> Continuation:
+  """Appends a left-padded block of tokens to every row's cache.
+
+  The block takes slots [index, index + T) of every row; its padding is
+  marked invalid, so attention skips it and positions count real tokens only.
+  What the cache already holds is not recomputed. A row whose block is all
+  padding keeps its logits and position.
+
+  Args:
+    params: model parameters.
+    cfg: the architecture.
+    context: the Continuation to extend (its cache needs T free slots).
+    tokens: int32[B, T] left-padded (each row's real tokens end the block, so
+      the last column predicts the next token).
+    mask: bool[B, T] real tokens.
+
+  Returns:
+    The Continuation after the block.
+  """
+  if tokens.shape != mask.shape or tokens.shape[0] != context.next_position.shape[0]:
+    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be [B, T] with "
+                     f"B = {context.next_position.shape[0]} rows")
+  positions = context.next_position[:, None] + transformer.positions_from_mask(mask)
+  hidden, cache = transformer.apply(params, tokens, positions, cfg,
+                                    segment_ids=mask.astype(jnp.int32), cache=context.cache,
+                                    return_hidden=True)
+  logits = transformer.lm_head(params, hidden[:, -1], cfg).T.astype(jnp.float32)
+  appended = jnp.any(mask, axis=1)
+  return Continuation(logits=jnp.where(appended[None, :], logits, context.logits), cache=cache,
+                      next_position=context.next_position + mask.sum(-1).astype(jnp.int32))
+
+
+def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rng: jax.Array,
+           sampling: SamplingConfig, max_steps: jax.Array | int | None = None, *,
+           active: jax.Array | None = None, keep_cache: bool = False
+           ) -> tuple[SampleOutput, Continuation | None]:
+  """Samples up to `sampling.max_new_tokens` tokens per row from a Continuation.
+
+  One token per iteration of a `lax.while_loop` that stops as soon as every
+  row has emitted a stop token or `max_steps` is reached. The cache lives in
+  the loop carry, so XLA updates it in place.
+
+  Args:
+    params: model parameters.
+    cfg: the architecture.
+    context: where to continue from; its cache needs N = max_new_tokens free slots.
+    rng: PRNG key; results are a deterministic function of it.
+    sampling: the SamplingConfig.
+    max_steps: optional traced limit <= max_new_tokens, so one compiled buffer
+      size serves several completion lengths.
+    active: optional bool[B]; rows that are False sample nothing (length 0), as
+      finished episodes in a multi-turn batch.
+    keep_cache: also return the Continuation after the completions: every
+      row's completion in slots [index, index + N) of its cache (padding after
+      it invalid), so an observation can be appended with `extend`. This costs
+      one more decode step, to write the last sampled token.
+
+  Returns:
+    (SampleOutput with N = sampling.max_new_tokens columns, the Continuation
+    after them or None).
+  """
+  start_cache, start_position = context.cache, context.next_position
+  batch = start_position.shape[0]
+  n = sampling.max_new_tokens
+  start_slot = start_cache.index
+  stop = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
+  limit = jnp.minimum(n, n if max_steps is None else max_steps)
+
+  def pick_and_record(state, logits, step):
+    rng, tokens, logp, slogp, done = state
+    rng, step_rng = jax.random.split(rng)
+    token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling)
+    live = ~done
+    token = jnp.where(live, token, sampling.pad_id)
+    tokens = tokens.at[:, step].set(token)
+    logp = logp.at[:, step].set(jnp.where(live, policy_logp, 0.0))
+    slogp = slogp.at[:, step].set(jnp.where(live, sampling_logp, 0.0))
+    done = done | jnp.isin(token, stop)
+    return (rng, tokens, logp, slogp, done), token, live
+
+  done = jnp.zeros((batch,), bool) if active is None else ~active
+  state = (rng, jnp.full((batch, n), sampling.pad_id, jnp.int32),
+           jnp.zeros((batch, n), jnp.float32), jnp.zeros((batch, n), jnp.float32), done)
+  state, token, live = pick_and_record(state, context.logits, 0)
+  lengths = live.astype(jnp.int32)
+
+  def cond(carry):
+    step, _, state, _, _ = carry
+    return (step < limit) & ~jnp.all(state[-1])
+
+  def body(carry):
+    step, cache, state, token, lengths = carry
+    logits, cache = transformer.decode_step(params, token, start_position + step - 1, cfg,
+                                            cache, vocab_major=True)
+    state, token, live = pick_and_record(state, logits, step)
+    return step + 1, cache, state, token, lengths + live.astype(jnp.int32)
+
+  steps, cache, state, token, lengths = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), start_cache, state, token, lengths))
+  _, tokens, logp, slogp, _ = state
+  mask = jnp.arange(n)[None, :] < lengths[:, None]
+  out = SampleOutput(tokens=tokens, logprobs=logp, sampling_logprobs=slogp, mask=mask,
+                     lengths=lengths)
+  if not keep_cache:
+    return out, None
+  # The loop wrote tokens [0, steps - 1); write the last one (a finished row
+  # writes padding, marked invalid below), then fix the block's width at N.
+  logits, cache = transformer.decode_step(params, token, start_position + steps - 1, cfg, cache,
+                                          vocab_major=True)
+  valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start_slot))
+  cache = cache._replace(valid=valid, index=start_slot + n)
+  return out, Continuation(logits=logits.astype(jnp.float32), cache=cache,
+                           next_position=start_position + lengths)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "samples_per_prompt"))
 def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, rng: jax.Array, sampling: SamplingConfig,
              max_steps: jax.Array | int | None = None,
              samples_per_prompt: int = 1,
              prefix_tokens: jax.Array | None = None) -> SampleOutput:
-  """Generates completions for left-padded prompts.
+  """Generates completions for left-padded prompts: `prefill`, then `decode`.
 
   Args:
     params: model parameters.
@@ -215,9 +415,7 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
   """
   if samples_per_prompt < 1:
     raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
-  batch, prompt_len = prompt_tokens.shape
-  batch *= samples_per_prompt
-  if batch == 1 and cfg.dtype == "bfloat16":
+  if prompt_tokens.shape[0] * samples_per_prompt == 1 and cfg.dtype == "bfloat16":
     # XLA:CPU has no bf16 kernel for a one-column product and converts every
     # weight to f32 at each step (a bf16 single-row decode ran ~4x slower than
     # f32); two columns take the bf16 kernel. Decode a copy alongside, keep row 0.
@@ -225,73 +423,12 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
                    jnp.repeat(prompt_mask, 2, axis=0), rng, sampling, max_steps,
                    prefix_tokens=prefix_tokens)
     return jax.tree.map(lambda x: x[:1], out)
-  n = sampling.max_new_tokens
-  # A float32 cache whatever the compute dtype: with a bf16 cache, XLA:CPU
-  # converted each layer's whole cache to float32 for the attention and back
-  # again around the one-slot write (no longer in place), ~40% of a bf16 decode
-  # step at batch 32. Keys and values are rounded to the compute dtype before
-  # they are stored, so the numbers are the bf16 cache's.
-  segments = prompt_mask.astype(jnp.int32)
-  if prefix_tokens is None or prefix_tokens.shape[0] == 0:
-    lx = 0
-    hidden, cache = transformer.apply(
-        params, prompt_tokens, transformer.positions_from_mask(prompt_mask), cfg,
-        segment_ids=segments, return_hidden=True, new_cache_len=prompt_len + n,
-        cache_dtype="float32", num_positions=prompt_len)
-  else:
-    lx = prefix_tokens.shape[0]
-    _, cache = transformer.apply(
-        params, prefix_tokens[None], jnp.arange(lx, dtype=jnp.int32)[None], cfg,
-        return_hidden=True, new_cache_len=lx + prompt_len + n, cache_dtype="float32",
-        num_positions=lx)
-    hidden, cache = transformer.apply(
-        params, prompt_tokens, lx + transformer.positions_from_mask(prompt_mask), cfg,
-        segment_ids=segments, cache=transformer.repeat_cache(cache, prompt_tokens.shape[0]),
-        return_hidden=True, num_positions=lx + prompt_len)
-  logits = transformer.lm_head(params, hidden[:, -1], cfg).T  # vocabulary-major [V, P]
-  next_position = lx + prompt_mask.sum(axis=-1).astype(jnp.int32)
-  if samples_per_prompt > 1:
-    cache = transformer.repeat_cache(cache, samples_per_prompt)
-    logits = jnp.repeat(logits, samples_per_prompt, axis=1)
-    next_position = jnp.repeat(next_position, samples_per_prompt, axis=0)
-  stop = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
-  limit = jnp.minimum(n, n if max_steps is None else max_steps)
-
-  def pick_and_record(state, logits, step):
-    rng, tokens, logp, slogp, done = state
-    rng, step_rng = jax.random.split(rng)
-    token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling)
-    live = ~done
-    token = jnp.where(live, token, sampling.pad_id)
-    tokens = tokens.at[:, step].set(token)
-    logp = logp.at[:, step].set(jnp.where(live, policy_logp, 0.0))
-    slogp = slogp.at[:, step].set(jnp.where(live, sampling_logp, 0.0))
-    done = done | jnp.isin(token, stop)
-    return (rng, tokens, logp, slogp, done), token, live
-
-  state = (rng, jnp.full((batch, n), sampling.pad_id, jnp.int32),
-           jnp.zeros((batch, n), jnp.float32), jnp.zeros((batch, n), jnp.float32),
-           jnp.zeros((batch,), bool))
-  state, token, live = pick_and_record(state, logits, 0)
-  lengths = live.astype(jnp.int32)
-
-  def cond(carry):
-    step, _, state, _, _ = carry
-    return (step < limit) & ~jnp.all(state[-1])
-
-  def body(carry):
-    step, cache, state, token, lengths = carry
-    logits, cache = transformer.decode_step(params, token, next_position + step - 1, cfg, cache,
-                                            vocab_major=True)
-    state, token, live = pick_and_record(state, logits, step)
-    return step + 1, cache, state, token, lengths + live.astype(jnp.int32)
-
-  _, _, state, _, lengths = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), cache, state, token, lengths))
-  _, tokens, logp, slogp, _ = state
-  mask = jnp.arange(n)[None, :] < lengths[:, None]
-  return SampleOutput(tokens=tokens, logprobs=logp, sampling_logprobs=slogp, mask=mask,
-                      lengths=lengths)
+  lx = 0 if prefix_tokens is None else prefix_tokens.shape[0]
+  context = prefill(params, cfg, prompt_tokens, prompt_mask,
+                    cache_len=lx + prompt_tokens.shape[1] + sampling.max_new_tokens,
+                    samples_per_prompt=samples_per_prompt,
+                    prefix_tokens=prefix_tokens if lx else None)
+  return decode(params, cfg, context, rng, sampling, max_steps)[0]
 
 
 def split_shared_prefix(ids: list[list[int]], multiple: int = 8
