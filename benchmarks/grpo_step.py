@@ -31,11 +31,11 @@ import numpy as np
 from experiments import grpo
 from experiments.configs import grpo_race
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import rl_loop
+from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout.scoring import SequenceBatch
+from jaxrl_agents.rollout import single_turn
 
 
 def best_of(fn, repeats: int) -> tuple[float, float]:
@@ -66,8 +66,8 @@ def main() -> None:
   config.prompts_per_step, config.group_size = p, g
   source = data_lib.load_task("arithmetic/mixed", "train")
   examples = [source[i] for i in range(p)]
-  prompts = rl_loop.format_prompts(examples, config.prompt_template)
-  tokens, mask = rl_loop.encode(model.tokenizer, prompts, chat=True, system=None)
+  prompts = single_turn.format_prompts(examples, config.prompt_template)
+  tokens, mask = single_turn.encode(model.tokenizer, prompts, chat=True, system=None)
   stop = tokenizer_lib.stop_token_ids(model.tokenizer)
   sampling = sampler_lib.SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
                                         stop_tokens=stop, pad_id=model.tokenizer.pad_token_id)
@@ -96,10 +96,12 @@ def main() -> None:
     lengths = rng.integers(1, width + 1, size=p * g)
     completion_mask = np.arange(width)[None, :] < lengths[:, None]
     completion = np.where(completion_mask, rng.integers(100, 1000, size=(p * g, width)), 0)
-    seq = SequenceBatch(jnp.repeat(jnp.asarray(tokens), g, 0), jnp.repeat(jnp.asarray(mask), g, 0),
-                        jnp.asarray(completion, jnp.int32), jnp.asarray(completion_mask))
-    zeros = jnp.zeros(completion.shape, jnp.float32)
-    batch = grpo.GRPOBatch(seq=seq, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
+    traj = types.single_turn(
+        jnp.repeat(jnp.asarray(tokens), g, 0), jnp.repeat(jnp.asarray(mask), g, 0),
+        jnp.asarray(completion, jnp.int32), jnp.asarray(completion_mask),
+        jnp.zeros(completion.shape))
+    zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
+    batch = grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
                            old_logp=zeros, ref_logp=zeros)
     row = {}
     for share in (False, True):

@@ -26,6 +26,7 @@ def validate_common(config) -> None:
   """Checks names and sizes shared by all RL experiments before anything loads or compiles."""
   for name in config.rewards:
     registry.get("reward", name)
+  make_rewards(config)  # options and the combinator
   registry.get("reward", config.grader)
   if config.model not in zoo.names() and not config.model.endswith((".gguf",)):
     import os
@@ -85,9 +86,42 @@ def task_examples(config):
   return train, [held_out[i] for i in range(n)]
 
 
+# How config.rewards' components make the total (config.reward_combinator.name; see
+# jaxrl_agents/rewards/combine.py):
+#   sum            sum_m w_m r_m
+#   lexicographic  the first component decides, then the second, ... (weights ignored;
+#                  every component in [0, 1], values of each at least `min_gap` apart)
+#   gated          w_0 r_0 + w_1 r_1 [r_0 >= threshold]: the second counts only where the
+#                  first passes
+REWARD_COMBINATORS = ("sum", "lexicographic", "gated")
+
+
+def reward_weights(config) -> dict[str, float]:
+  """{reward name: weight} of config.rewards, in its order ({name: w} or {name: {weight: w}})."""
+  return {name: float(v.get("weight", 1.0) if hasattr(v, "items") else v)
+          for name, v in config.rewards.items()}
+
+
 def make_rewards(config):
   """(reward_fn -> (total, components), grader -> f32[B])."""
-  reward_fn = rewards_lib.from_config(dict(config.rewards))
+  spec = config.get("reward_combinator", None)
+  combinator = spec.name if spec else "sum"
+  weighted = rewards_lib.from_config(dict(config.rewards))  # options bound, names checked
+  parts = list(weighted.components)
+  weights = reward_weights(config)
+  if combinator == "sum":
+    reward_fn = weighted
+  elif combinator == "lexicographic":
+    reward_fn = rewards_lib.lexicographic(parts, min_gap=spec.min_gap)
+  elif combinator == "gated":
+    if len(parts) != 2:
+      raise ValueError(f"reward_combinator 'gated' needs exactly two rewards (gate first), "
+                       f"got {list(weights)}")
+    (gate, _), (child, _) = parts
+    reward_fn = rewards_lib.gated(parts[0], parts[1], parent_weight=weights[gate],
+                                  child_weight=weights[child], threshold=spec.threshold)
+  else:
+    raise ValueError(f"reward_combinator must be one of {REWARD_COMBINATORS}, got {combinator!r}")
   grade = registry.get("reward", config.grader)
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
 

@@ -4,18 +4,24 @@ r"""GRPO (and its variants, by config) on a task of prompts with verifiable rewa
       --config.steps=3 --workdir=/tmp/grpo_tiny
 
 One step: sample P prompts, G completions each (the jitted KV-cache sampler),
-score them with the configured rewards, turn the [P, G] rewards into
+score them with the configured rewards, turn the [P, G] rewards (or the
+[P, G, M] reward components, for a component estimator such as GDPO) into
 advantages with a registered estimator, then run `epochs` passes of
-`minibatches` optimizer updates of a registered policy loss (+ optional KL to
-the frozen initial policy, + optional entropy bonus), all in one jitted
-`lax.scan`. The workdir layout, resume and logging are `jaxrl_agents.rl_loop`'s.
+`minibatches` optimizer updates of the policy objective (`objective.py`: a
+registered policy loss, token control, KL to the frozen initial policy with a
+fixed or controlled coefficient, entropy bonus), all in one jitted `lax.scan`.
+The workdir layout, resume and logging are the run harness's (`rl_loop.run`).
+
+The hyperparameters are read from the config once (`GRPOSettings`); the loss
+and the update are pure functions of arrays and those static settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,16 +29,15 @@ import numpy as np
 import optax
 
 from experiments import common
-from jaxrl_agents import losses, registry, rl_loop
+from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
-from jaxrl_agents.losses.aggregation import masked_mean
-from jaxrl_agents.rollout.scoring import SequenceBatch, completion_logprobs
+from jaxrl_agents import registry, rl_loop, types
+from jaxrl_agents.losses import kl as kl_lib
+from jaxrl_agents.losses import kl_control
+from jaxrl_agents.models import transformer
+from jaxrl_agents.rollout import scoring
 
 log = logging.getLogger(__name__)
-
-
-# Registered advantage estimators that map f32[P, G] outcome rewards to advantages.
-GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"})
 
 
 class GRPOState(NamedTuple):
@@ -40,18 +45,113 @@ class GRPOState(NamedTuple):
   opt_state: optax.OptState
   ref_params: dict | None  # frozen reference policy; None without a KL term
   updates: jax.Array  # int32[] optimizer updates so far (the schedule's position)
+  kl_ctl: kl_control.KLControllerState | None  # the KL coefficient; None without a KL term
 
 
 class GRPOBatch(NamedTuple):
-  seq: SequenceBatch
+  traj: types.Trajectory
   advantages: jax.Array  # f32[B]
-  old_logp: jax.Array  # f32[B, N] log-probs under the sampling policy (recomputed)
-  ref_logp: jax.Array  # f32[B, N] under the reference (zeros without KL)
+  old_logp: jax.Array  # f32[B, T] log-probs under the sampling policy (recomputed)
+  ref_logp: jax.Array  # f32[B, T] under the reference (zeros without a sampled-token KL)
+  correct: jax.Array  # f32[B] the grader's verdicts (an accuracy-conditioned KL reads them)
 
 
-def select_groups(seq: SequenceBatch, rewards: np.ndarray, keep: int
-                  ) -> tuple[SequenceBatch, np.ndarray]:
-  """The `keep` groups the update trains on, out of the sampled ones: groups with signal first.
+@dataclasses.dataclass(frozen=True)
+class GRPOSettings:
+  """GRPO's static hyperparameters, read from the config once (hashable: jit keys on it).
+
+  Attributes:
+    objective: the policy loss's hyperparameters.
+    advantage: a registered "group_advantage" or "component_advantage" name.
+    advantage_kwargs: its keyword arguments, sorted (name, value) pairs.
+    component_weights: (reward name, weight) of the reward components, in the
+      config's order (a component estimator's M axis).
+    prompts_per_step: P, groups per update.
+    group_size: G.
+    epochs, minibatches: passes over the batch and updates per pass.
+    share_prompt: run each group's prompt through the model once per update.
+    kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
+    kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
+    kl_coef: the fixed (or initial) KL coefficient.
+  """
+
+  objective: objective_lib.PolicyObjective
+  advantage: str = "grpo"
+  advantage_kwargs: tuple[tuple[str, Any], ...] = ()
+  component_weights: tuple[tuple[str, float], ...] = ()
+  prompts_per_step: int = 4
+  group_size: int = 8
+  epochs: int = 1
+  minibatches: int = 1
+  share_prompt: bool = True
+  kl_controller: str = "fixed"
+  kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
+  kl_coef: float = 0.0
+
+  @property
+  def on_policy(self) -> bool:
+    # With one update per rollout the sampling policy is the current one: the
+    # ratio is exactly 1, and recomputing old log-probs would be a wasted pass.
+    return self.epochs * self.minibatches == 1
+
+  @property
+  def prompt_group(self) -> int:
+    """Rows per shared prompt in scoring (see scoring.policy_hidden)."""
+    return self.group_size if self.share_prompt else 1
+
+  @property
+  def component_advantage(self) -> bool:
+    return self.advantage in registry.names("component_advantage")
+
+
+# KL-coefficient controllers by config name, and the hyperparameters each takes.
+KL_CONTROLLERS = {
+    "fixed": (lambda kl_coef: kl_control.fixed_kl_controller(kl_coef), ()),
+    "adaptive": (lambda kl_coef, target, horizon:
+                 kl_control.adaptive_kl_controller(kl_coef, target, horizon),
+                 ("target", "horizon")),
+    "accuracy": (lambda kl_coef, beta_min, shape:
+                 kl_control.accuracy_conditioned_kl_controller(beta_min, kl_coef, shape),
+                 ("beta_min", "shape")),
+}
+
+
+def make_kl_controller(s: GRPOSettings) -> kl_control.KLController:
+  build, _ = KL_CONTROLLERS[s.kl_controller]
+  return build(s.kl_coef, **dict(s.kl_controller_kwargs))
+
+
+def settings_from_config(config) -> GRPOSettings:
+  """GRPOSettings of a GRPO config (see experiments/configs/grpo_arithmetic.py)."""
+  controller = config.get("kl_controller", None)
+  name = controller.name if controller else "fixed"
+  if name not in KL_CONTROLLERS:
+    raise ValueError(f"kl_controller.name must be one of {sorted(KL_CONTROLLERS)}, got {name!r}")
+  kl_kwargs = tuple((k, float(controller[k])) for k in KL_CONTROLLERS[name][1])
+  if name != "fixed" and not config.kl_coef > 0:
+    raise ValueError(f"kl_controller {name!r} moves the KL coefficient from kl_coef: set "
+                     f"kl_coef > 0 (got {config.kl_coef})")
+  rows = config.prompts_per_step * config.group_size
+  if name == "adaptive" and controller.horizon < rows:
+    raise ValueError(f"kl_controller.horizon {controller.horizon} is shorter than the {rows} "
+                     "samples of one update: one step could move beta by more than 20% (and "
+                     "below zero)")
+  settings = GRPOSettings(
+      objective=objective_lib.from_config(config),
+      advantage=config.advantage,
+      advantage_kwargs=tuple(sorted(dict(config.advantage_kwargs).items())),
+      component_weights=tuple(common.reward_weights(config).items()),
+      prompts_per_step=config.prompts_per_step, group_size=config.group_size,
+      epochs=config.epochs, minibatches=config.minibatches,
+      share_prompt=config.get("share_prompt", False),
+      kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef))
+  if settings.objective.kl_on:
+    make_kl_controller(settings)  # its own checks (e.g. adaptive's target > 0)
+  return settings
+
+
+def kept_groups(rewards: np.ndarray, keep: int) -> np.ndarray:
+  """Indices of the `keep` groups the update trains on, out of the sampled ones.
 
   A group whose rewards all tie has zero group-relative advantage and adds
   nothing but compute (and dilution of a token mean) to the update. With
@@ -62,22 +162,87 @@ def select_groups(seq: SequenceBatch, rewards: np.ndarray, keep: int
   resampling until full.
 
   Args:
-    seq: the rollout's rows, groups of G consecutive rows.
-    rewards: f32[groups, G].
+    rewards: f32[groups, G] total rewards.
     keep: groups to keep (<= groups).
-
-  Returns:
-    (the kept rows, their rewards f32[keep, G]).
   """
-  groups, g = rewards.shape
-  if keep == groups:
-    return seq, rewards
+  groups = rewards.shape[0]
   if keep > groups:
     raise ValueError(f"cannot keep {keep} groups of {groups} sampled")
+  if keep == groups:
+    return np.arange(groups)
   tied = rewards.std(axis=1) == 0
-  kept = np.sort(np.argsort(tied, kind="stable")[:keep])
+  return np.sort(np.argsort(tied, kind="stable")[:keep])
+
+
+def select_groups(traj: types.Trajectory, rewards: np.ndarray, keep: int
+                  ) -> tuple[types.Trajectory, np.ndarray]:
+  """(the kept groups' rows, their rewards f32[keep, G]); see `kept_groups`."""
+  groups, g = rewards.shape
+  kept = kept_groups(rewards, keep)
+  if len(kept) == groups:
+    return traj, rewards
   rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
-  return jax.tree.map(lambda x: x[rows], seq), rewards[kept]
+  return jax.tree.map(lambda x: x[rows], traj), rewards[kept]
+
+
+def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
+                     ) -> tuple[types.Trajectory, jax.Array, np.ndarray]:
+  """The kept groups' rows, their f32[B] advantages (a registered estimator) and verdicts."""
+  g = s.group_size
+  totals = np.asarray(r.rewards).reshape(-1, g)
+  kept = kept_groups(totals, s.prompts_per_step)
+  rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
+  traj = r.traj if len(kept) == totals.shape[0] else jax.tree.map(lambda x: x[rows], r.traj)
+  kwargs = dict(s.advantage_kwargs)
+  if s.component_advantage:
+    names = [name for name, _ in s.component_weights]
+    components = np.stack([r.components[n] for n in names], axis=-1)[rows]
+    advantages = registry.get("component_advantage", s.advantage)(
+        jnp.asarray(components.reshape(-1, g, len(names))),
+        jnp.asarray([w for _, w in s.component_weights], jnp.float32), **kwargs)
+  else:
+    advantages = registry.get("group_advantage", s.advantage)(jnp.asarray(totals[kept]),
+                                                              **kwargs)
+  return traj, advantages.reshape(-1), np.asarray(r.correct, np.float32)[rows]
+
+
+def grpo_loss(params, batch: GRPOBatch, *, cfg: transformer.TransformerConfig, s: GRPOSettings,
+              ref_params=None, beta=0.0):
+  """The policy objective on one (mini)batch: (loss, metrics)."""
+  hp = s.objective
+  traj, lp = batch.traj, batch.traj.prompt_width
+  mask = traj.policy_mask
+  logits = scoring.policy_logits(params, cfg, traj, group_size=s.prompt_group)
+  logp, entropy = scoring.token_logprobs(logits, traj.tokens[:, lp:], mask[:, lp:],
+                                         temperature=hp.temperature, with_entropy=True)
+  logp, entropy = (scoring.prompt_columns_zero(x, lp) for x in (logp, entropy))
+  kl_per_token = None
+  if hp.needs_ref_logits:
+    ref_logits = jax.lax.stop_gradient(
+        scoring.policy_logits(ref_params, cfg, traj, group_size=s.prompt_group))
+    kl_per_token = scoring.prompt_columns_zero(kl_lib.forward_kl_from_logits(
+        logits / hp.temperature, ref_logits / hp.temperature), lp)
+  old_logp = jax.lax.stop_gradient(logp) if s.on_policy else batch.old_logp
+  return objective_lib.policy_objective(hp, logp, entropy, old_logp, batch.advantages, mask,
+                                        beta=beta, ref_logp=batch.ref_logp,
+                                        kl_per_token=kl_per_token)
+
+
+def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
+                optimizer: optim_lib.Optimizer, cfg: transformer.TransformerConfig,
+                s: GRPOSettings):
+  """One rollout's updates, then the KL controller's step: (state, metrics)."""
+  beta = state.kl_ctl.beta if state.kl_ctl is not None else 0.0
+  loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta)
+  state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
+                                          epochs=s.epochs, minibatches=s.minibatches,
+                                          group_size=s.prompt_group)
+  if state.kl_ctl is not None:
+    kl_ctl = make_kl_controller(s).update(state.kl_ctl, observed_kl=metrics["kl"],
+                                          n_steps=batch.advantages.shape[0],
+                                          accuracy=jnp.mean(batch.correct))
+    state = state._replace(kl_ctl=kl_ctl)
+  return state, metrics
 
 
 def total_updates(config) -> int:
@@ -85,31 +250,26 @@ def total_updates(config) -> int:
 
 
 class GRPO:
-  """The GRPO family as an `rl_loop.Algorithm`, configured by registry names."""
+  """The GRPO family as an `rl_loop.Algorithm`: jitted pure functions over GRPOSettings."""
 
   def __init__(self, config, model_cfg):
-    self.config = config
-    self.model_cfg = model_cfg
+    self.settings = s = settings_from_config(config)
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
-    self.advantage_fn = registry.get("advantage", config.advantage)
-    self.loss_fn = registry.get("policy_loss", config.policy_loss)
-    # With one update per rollout the sampling policy is the current one: the
-    # ratio is exactly 1, and recomputing old log-probs would be a wasted pass.
-    self.on_policy = config.epochs * config.minibatches == 1
-    # Rows sharing a prompt run it through the model once (see completion_hidden).
-    self.prompt_group = config.group_size if config.get("share_prompt", False) else 1
-    self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg,
-                                            temperature=config.temperature,
-                                            group_size=self.prompt_group))
-    self._update = jax.jit(self._update_impl, donate_argnums=0)
+    self._score = jax.jit(functools.partial(scoring.policy_logprobs, cfg=model_cfg,
+                                            temperature=s.objective.temperature,
+                                            group_size=s.prompt_group))
+    self._update = jax.jit(functools.partial(grpo_update, optimizer=self.optimizer,
+                                             cfg=model_cfg, s=s), donate_argnums=0)
 
   def init_state(self, params, rng):
     del rng
-    ref = jax.tree.map(jnp.copy, params) if self.config.kl_coef else None
-    return GRPOState(params=params, opt_state=self.tx.init(params), ref_params=ref,
-                     updates=jnp.zeros((), jnp.int32))
+    kl_on = self.settings.objective.kl_on
+    return GRPOState(params=params, opt_state=self.tx.init(params),
+                     ref_params=jax.tree.map(jnp.copy, params) if kl_on else None,
+                     updates=jnp.zeros((), jnp.int32),
+                     kl_ctl=make_kl_controller(self.settings).init() if kl_on else None)
 
   def policy_params(self, state):
     return state.params
@@ -119,61 +279,30 @@ class GRPO:
 
   def prepare(self, state, r: rl_loop.Rollout, rng) -> GRPOBatch:
     del rng
-    p, g = self.config.prompts_per_step, self.config.group_size
-    seq, rewards = select_groups(r.seq, np.asarray(r.rewards).reshape(-1, g), p)
-    advantages = self.advantage_fn(jnp.asarray(rewards),
-                                   **self.config.advantage_kwargs).reshape(-1)
-    zeros = jnp.zeros(seq.completion_tokens.shape, jnp.float32)
-    old_logp = zeros if self.on_policy else self._score(state.params, batch=seq)[0]
-    ref_logp = self._score(state.ref_params, batch=seq)[0] if self.config.kl_coef else zeros
-    return GRPOBatch(seq=seq, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp)
+    s = self.settings
+    traj, advantages, correct = group_advantages(s, r)
+    zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
+    old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
+    sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
+    ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
+    return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
+                     correct=jnp.asarray(correct))
 
   def update(self, state, batch, rng, progress):
     return self._update(state, batch, rng, jnp.float32(progress))
-
-  def loss(self, params, batch: GRPOBatch):
-    c = self.config
-    mask = batch.seq.completion_mask
-    logp, entropy = completion_logprobs(params, self.model_cfg, batch.seq,
-                                        temperature=c.temperature, with_entropy=True,
-                                        group_size=self.prompt_group)
-    old_logp = jax.lax.stop_gradient(logp) if self.on_policy else batch.old_logp
-    norm = c.max_new_tokens  # the "seq-mean-token-sum-norm" constant, fixed across steps
-    loss, metrics = self.loss_fn(logp, old_logp, batch.advantages, mask,
-                                 aggregation=c.aggregation, normalizer=norm, **c.loss_kwargs)
-    if c.kl_coef:
-      kl, _ = losses.kl_loss(logp, batch.ref_logp, mask, estimator=c.kl_estimator,
-                             aggregation=c.aggregation, normalizer=norm)
-      loss = loss + c.kl_coef * kl
-      metrics["kl"] = kl
-    if c.entropy_coef:
-      bonus, _ = losses.entropy_bonus(entropy, mask, aggregation=c.aggregation,
-                                      normalizer=norm)
-      loss = loss - c.entropy_coef * bonus
-    metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
-    metrics["loss"] = loss
-    return loss, metrics
-
-  def _update_impl(self, state: GRPOState, batch: GRPOBatch, rng, progress):
-    return optim_lib.update_state(self.optimizer, self.loss, state, batch, rng, progress,
-                                  epochs=self.config.epochs,
-                                  minibatches=self.config.minibatches,
-                                  group_size=self.prompt_group)
 
 
 def validate(config) -> None:
   """Fails on unknown names or inconsistent sizes before anything loads or compiles."""
   common.validate_common(config)
-  registry.get("advantage", config.advantage)
-  if config.advantage not in GROUP_ADVANTAGES:
+  group, component = registry.names("group_advantage"), registry.names("component_advantage")
+  if config.advantage not in group + component:
     raise ValueError(f"advantage {config.advantage!r} is not a group estimator over f32[P, G] "
-                     f"rewards; GRPO takes one of {sorted(GROUP_ADVANTAGES)} (GAE is PPO's)")
-  registry.get("policy_loss", config.policy_loss)
-  registry.get("aggregation", config.aggregation)
-  if config.kl_coef:
-    registry.get("kl", config.kl_estimator)
+                     f"rewards ({group}) or over f32[P, G, M] reward components ({component}); "
+                     f"token-level estimators such as GAE are PPO's")
+  settings_from_config(config)  # names, per-loss hyperparameters, controllers
   if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo",
-                                                    "reinforce_pp_baseline"):
+                                                    "reinforce_pp_baseline", "gdpo"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")
 
 

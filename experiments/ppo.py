@@ -6,16 +6,23 @@ r"""PPO with a learned critic and token-level GAE on a task of prompts with veri
 The critic is a scalar value head on a decoder's final hidden states, either
 on the policy's own backbone (`critic = "shared"`, one forward pass gives
 logits and values, the value loss shares the gradient) or on a separate copy
-of the initial backbone (`critic = "separate"`, the classic RLHF setup). The
-outcome reward sits on the last completion token, optionally minus a per-token
-KL penalty to the frozen initial policy; GAE (a reverse `lax.scan` over tokens)
-turns rewards and the values recorded at rollout time into advantages and
-returns; the update minimizes the registered policy loss plus `vf_coef` times
-the clipped value loss.
+of the initial backbone (`critic = "separate"`, the classic RLHF setup); the
+value head (and the separate backbone) learn with their own optimizer
+(`critic_optimizer`: rate and AdamW settings over the policy's). The outcome
+reward sits on the last policy token, optionally minus a per-token KL penalty
+to the frozen initial policy; GAE (a reverse `lax.scan` over tokens) turns
+rewards and the values recorded at rollout time into advantages and returns;
+the update minimizes the policy objective (`objective.py`, shared with GRPO)
+plus `vf_coef` times the clipped value loss.
+
+The hyperparameters are read from the config once (`PPOSettings`); the
+forward pass, the loss and the update are pure functions of arrays and those
+static settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -25,16 +32,12 @@ import optax
 
 from experiments import common
 from jaxrl_agents import advantages as advantages_lib
-from jaxrl_agents import losses, registry, rl_loop
+from jaxrl_agents import losses, registry, rl_loop, types
+from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses.aggregation import masked_mean
 from jaxrl_agents.models import heads, transformer
-from jaxrl_agents.rollout.scoring import (
-    SequenceBatch,
-    completion_hidden,
-    completion_logprobs,
-    token_logprobs,
-)
+from jaxrl_agents.rollout import scoring
 
 CRITICS = ("shared", "separate")
 
@@ -47,40 +50,140 @@ class PPOState(NamedTuple):
 
 
 class PPOBatch(NamedTuple):
-  seq: SequenceBatch
-  old_logp: jax.Array  # f32[B, N]
-  old_values: jax.Array  # f32[B, N]
-  advantages: jax.Array  # f32[B, N]
-  returns: jax.Array  # f32[B, N]
+  traj: types.Trajectory
+  old_logp: jax.Array  # f32[B, T]
+  old_values: jax.Array  # f32[B, T]
+  advantages: jax.Array  # f32[B, T]
+  returns: jax.Array  # f32[B, T]
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOSettings:
+  """PPO's static hyperparameters, read from the config once (hashable: jit keys on it).
+
+  Attributes:
+    objective: the policy loss's hyperparameters (its KL term off: PPO's KL is a
+      reward penalty, `kl_coef` x `kl_estimator` per token).
+    critic: one of CRITICS.
+    gamma, gae_lambda: GAE's discount and lambda.
+    normalize_advantages: standardize the advantages over the batch's policy tokens.
+    vf_coef: weight of the value loss.
+    value_clip: clip range of the value loss.
+    kl_coef, kl_estimator: the KL reward penalty.
+    epochs, minibatches: passes over the batch and updates per pass.
+    prompt_group: rows per shared prompt in scoring (1: each row runs its prompt).
+  """
+
+  objective: objective_lib.PolicyObjective
+  critic: str = "shared"
+  gamma: float = 1.0
+  gae_lambda: float = 0.95
+  normalize_advantages: bool = True
+  vf_coef: float = 0.1
+  value_clip: float = 0.2
+  kl_coef: float = 0.0
+  kl_estimator: str = "k1"
+  epochs: int = 1
+  minibatches: int = 1
+  prompt_group: int = 1
+
+
+def settings_from_config(config) -> PPOSettings:
+  if config.critic not in CRITICS:
+    raise ValueError(f"config.critic must be one of {CRITICS}, got {config.critic!r}")
+  return PPOSettings(
+      objective=dataclasses.replace(objective_lib.from_config(config), kl_on=False),
+      critic=config.critic, gamma=float(config.gamma), gae_lambda=float(config.gae_lambda),
+      normalize_advantages=bool(config.normalize_advantages), vf_coef=float(config.vf_coef),
+      value_clip=float(config.value_clip), kl_coef=float(config.kl_coef),
+      kl_estimator=config.kl_estimator, epochs=config.epochs, minibatches=config.minibatches,
+      prompt_group=config.group_size if config.get("share_prompt", False) else 1)
+
+
+def forward(params, traj: types.Trajectory, *, cfg: transformer.TransformerConfig,
+            s: PPOSettings, with_entropy: bool = False):
+  """(logp f32[B, T], values f32[B, T], entropy f32[B, T] or None) at the policy tokens."""
+  lp, mask = traj.prompt_width, traj.policy_mask
+  hidden = scoring.policy_hidden(params["policy"], cfg, traj, group_size=s.prompt_group)
+  logits = transformer.lm_head(params["policy"], hidden, cfg)
+  logp, entropy = scoring.token_logprobs(logits, traj.tokens[:, lp:], mask[:, lp:],
+                                         temperature=s.objective.temperature,
+                                         with_entropy=with_entropy)
+  if params["critic"] is not None:
+    hidden = scoring.policy_hidden(params["critic"], cfg, traj, group_size=s.prompt_group)
+  values = scoring.prompt_columns_zero(heads.apply_scalar_head(params["value_head"], hidden), lp)
+  return (scoring.prompt_columns_zero(logp, lp), jnp.where(mask, values, 0.0),
+          None if entropy is None else scoring.prompt_columns_zero(entropy, lp))
+
+
+def gae_targets(s: PPOSettings, traj: types.Trajectory, old_logp, old_values, ref_logp
+                ) -> tuple[jax.Array, jax.Array]:
+  """(advantages f32[B, T], returns f32[B, T]): the outcome reward on the last policy token,
+  minus the KL penalty, through token-level GAE."""
+  mask = traj.policy_mask
+  last = types.last_policy_token(mask)
+  token_rewards = jnp.where(last, traj.rewards[:, None], 0.0)
+  if s.kl_coef:
+    token_rewards, _ = losses.kl_reward_penalty(token_rewards, old_logp, ref_logp, mask,
+                                                s.kl_coef, estimator=s.kl_estimator)
+  # Padding after the last token: no reward, zero value, and done at the last
+  # real token so nothing leaks backwards from the padding.
+  adv, returns = advantages_lib.generalized_advantage_estimation(
+      token_rewards, old_values, last, gamma=s.gamma, lam=s.gae_lambda)
+  if s.normalize_advantages:
+    mean = masked_mean(adv, mask)
+    std = jnp.sqrt(masked_mean(jnp.square(adv - mean), mask))
+    adv = (adv - mean) / (std + 1e-6)
+  return jnp.where(mask, adv, 0.0), returns
+
+
+def ppo_loss(params, batch: PPOBatch, *, cfg: transformer.TransformerConfig, s: PPOSettings):
+  """Policy objective + vf_coef x clipped value loss on one (mini)batch: (loss, metrics)."""
+  mask = batch.traj.policy_mask
+  logp, values, entropy = forward(params, batch.traj, cfg=cfg, s=s, with_entropy=True)
+  loss, metrics = objective_lib.policy_objective(s.objective, logp, entropy, batch.old_logp,
+                                                 batch.advantages, mask)
+  v_loss, v_metrics = losses.clipped_value_loss(values, batch.old_values, batch.returns, mask,
+                                                clip_eps=s.value_clip)
+  loss = loss + s.vf_coef * v_loss
+  return loss, {**metrics, **v_metrics, "loss": loss}
+
+
+def critic_labels(params) -> dict:
+  """Optimizer group of each parameter: the value head and a separate critic are "critic"."""
+  return {name: jax.tree.map(lambda _, n=name: "default" if n == "policy" else "critic", tree)
+          for name, tree in params.items()}
 
 
 class PPO:
-  """PPO with a critic, as an `rl_loop.Algorithm`."""
+  """PPO with a critic, as an `rl_loop.Algorithm`: jitted pure functions over PPOSettings."""
 
   def __init__(self, config, model_cfg: transformer.TransformerConfig):
-    if config.critic not in CRITICS:
-      raise ValueError(f"config.critic must be one of {CRITICS}, got {config.critic!r}")
-    self.config = config
+    self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
     n_updates = config.steps * config.epochs * config.minibatches
-    self.optimizer = optim_lib.make_optimizer(total_updates=n_updates, **config.optimizer)
+    critic_settings = dict(config.get("critic_optimizer", {}))
+    self.optimizer = optim_lib.make_optimizer(
+        total_updates=n_updates, **config.optimizer,
+        groups={"critic": critic_settings}, label_fn=critic_labels)
     self.tx = self.optimizer.tx
-    self.loss_fn = registry.get("policy_loss", config.policy_loss)
-    # Rows sharing a prompt run it through the model once (see completion_hidden).
-    self.prompt_group = config.group_size if config.get("share_prompt", False) else 1
-    self._forward = jax.jit(self.forward)
-    self._score = jax.jit(functools.partial(completion_logprobs, cfg=model_cfg,
-                                            temperature=config.temperature,
-                                            group_size=self.prompt_group))
-    self._update = jax.jit(self._update_impl, donate_argnums=0)
+    self._forward = jax.jit(functools.partial(forward, cfg=model_cfg, s=s))
+    self._score = jax.jit(functools.partial(scoring.policy_logprobs, cfg=model_cfg,
+                                            temperature=s.objective.temperature,
+                                            group_size=s.prompt_group))
+    self._targets = jax.jit(functools.partial(gae_targets, s))
+    loss = functools.partial(ppo_loss, cfg=model_cfg, s=s)
+    self._update = jax.jit(functools.partial(
+        optim_lib.update_state, self.optimizer, loss, epochs=s.epochs, minibatches=s.minibatches,
+        group_size=s.prompt_group), donate_argnums=0)
 
   def init_state(self, params, rng):
     trainable = {
         "policy": params,
         "value_head": heads.init_scalar_head(rng, self.model_cfg.d_model),
-        "critic": jax.tree.map(jnp.copy, params) if self.config.critic == "separate" else None,
+        "critic": jax.tree.map(jnp.copy, params) if self.settings.critic == "separate" else None,
     }
-    ref = jax.tree.map(jnp.copy, params) if self.config.kl_coef else None
+    ref = jax.tree.map(jnp.copy, params) if self.settings.kl_coef else None
     return PPOState(params=trainable, opt_state=self.tx.init(trainable), ref_params=ref,
                     updates=jnp.zeros((), jnp.int32))
 
@@ -90,78 +193,25 @@ class PPO:
   def nonfinite_count(self, state):
     return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
 
-  def forward(self, params, seq: SequenceBatch, with_entropy: bool = False):
-    """(logp f32[B, N], values f32[B, N], entropy f32[B, N] or None) of the completions."""
-    hidden = completion_hidden(params["policy"], self.model_cfg, seq, group_size=self.prompt_group)
-    logits = transformer.lm_head(params["policy"], hidden, self.model_cfg)
-    logp, entropy = token_logprobs(logits, seq.completion_tokens, seq.completion_mask,
-                                   temperature=self.config.temperature, with_entropy=with_entropy)
-    if params["critic"] is not None:
-      hidden = completion_hidden(params["critic"], self.model_cfg, seq,
-                                 group_size=self.prompt_group)
-    values = heads.apply_scalar_head(params["value_head"], hidden)
-    return logp, jnp.where(seq.completion_mask, values, 0.0), entropy
-
   def prepare(self, state, r: rl_loop.Rollout, rng) -> PPOBatch:
     del rng
-    c = self.config
-    seq = r.seq
-    mask = seq.completion_mask
-    old_logp, old_values, _ = self._forward(state.params, seq)
-    lengths = mask.sum(-1)
-    last = jax.nn.one_hot(jnp.maximum(lengths - 1, 0), mask.shape[1], dtype=bool) & mask
-    token_rewards = jnp.where(last, jnp.asarray(r.rewards)[:, None], 0.0)
-    if c.kl_coef:
-      ref_logp, _ = self._score(state.ref_params, batch=seq)
-      token_rewards, _ = losses.kl_reward_penalty(token_rewards, old_logp, ref_logp, mask,
-                                                  c.kl_coef, estimator=c.kl_estimator)
-    # Padding after the last token: no reward, zero value, and done at the last
-    # real token so nothing leaks backwards from the padding.
-    adv, returns = advantages_lib.generalized_advantage_estimation(
-        token_rewards, old_values, last, gamma=c.gamma, lam=c.gae_lambda)
-    if c.normalize_advantages:
-      mean = masked_mean(adv, mask)
-      std = jnp.sqrt(masked_mean(jnp.square(adv - mean), mask))
-      adv = (adv - mean) / (std + 1e-6)
-    adv = jnp.where(mask, adv, 0.0)
-    return PPOBatch(seq=seq, old_logp=old_logp, old_values=old_values, advantages=adv,
+    traj = r.traj
+    old_logp, old_values, _ = self._forward(state.params, traj)
+    ref_logp = self._score(state.ref_params, traj=traj)[0] if self.settings.kl_coef \
+        else jnp.zeros_like(old_logp)
+    adv, returns = self._targets(traj, old_logp, old_values, ref_logp)
+    return PPOBatch(traj=traj, old_logp=old_logp, old_values=old_values, advantages=adv,
                     returns=returns)
 
   def update(self, state, batch, rng, progress):
     return self._update(state, batch, rng, jnp.float32(progress))
 
-  def loss(self, params, batch: PPOBatch):
-    c = self.config
-    mask = batch.seq.completion_mask
-    logp, values, entropy = self.forward(params, batch.seq, with_entropy=True)
-    norm = c.max_new_tokens  # the "seq-mean-token-sum-norm" constant, fixed across steps
-    pg_loss, metrics = self.loss_fn(logp, batch.old_logp, batch.advantages, mask,
-                                    aggregation=c.aggregation, normalizer=norm, **c.loss_kwargs)
-    v_loss, v_metrics = losses.clipped_value_loss(
-        values, batch.old_values, batch.returns, mask, clip_eps=c.value_clip)
-    loss = pg_loss + c.vf_coef * v_loss
-    if c.entropy_coef:
-      bonus, _ = losses.entropy_bonus(entropy, mask, aggregation=c.aggregation,
-                                      normalizer=norm)
-      loss = loss - c.entropy_coef * bonus
-    return loss, {**metrics, **v_metrics, "loss": loss,
-                  "entropy": masked_mean(jax.lax.stop_gradient(entropy), mask)}
-
-  def _update_impl(self, state: PPOState, batch: PPOBatch, rng, progress):
-    return optim_lib.update_state(self.optimizer, self.loss, state, batch, rng, progress,
-                                  epochs=self.config.epochs,
-                                  minibatches=self.config.minibatches,
-                                  group_size=self.prompt_group)
-
 
 def validate(config) -> None:
   common.validate_common(config)
-  registry.get("policy_loss", config.policy_loss)
-  registry.get("aggregation", config.aggregation)
   if config.kl_coef:
     registry.get("kl", config.kl_estimator)
-  if config.critic not in CRITICS:
-    raise ValueError(f"config.critic must be one of {CRITICS}, got {config.critic!r}")
+  settings_from_config(config)  # names, per-loss hyperparameters, critic
   if config.get("oversample", 1) != 1:
     raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
                      "on every sample (its critic is the baseline): set oversample=1")

@@ -1,13 +1,13 @@
 """Advantage estimators: rewards (and values) in, per-rollout or per-step advantages out.
 
-Group estimators take `rewards: f32[P, G]`, P prompts with G rollouts each (a
-batch is ordered prompt-major, B = P * G), and return `f32[P, G]`; configs pick
-them by name:
+Registry kinds go by signature, so an experiment asks for the kind it can
+call. Group estimators take `rewards: f32[P, G]`, P prompts with G rollouts
+each (a batch is ordered prompt-major, B = P * G), and return `f32[P, G]`:
 
 ```
-registry.get("advantage", "grpo")(rewards)                    # f32[P, G] -> f32[P, G]
-registry.get("advantage", "gdpo")(rewards, weights)           # f32[P, G, M], f32[M] -> f32[P, G]
-registry.get("advantage", "gae")(rewards, values, dones, ...) # f32[B, T] x3 -> (adv, returns)
+registry.get("group_advantage", "grpo")(rewards)               # f32[P, G] -> f32[P, G]
+registry.get("component_advantage", "gdpo")(rewards, weights)  # f32[P, G, M], f32[M] -> [P, G]
+registry.get("token_advantage", "gae")(rewards, values, dones) # f32[B, T] x3 -> (adv, returns)
 ```
 Turn-level credit (turn rewards to token advantages, information gain,
 potential-based shaping, ...) lives in `jaxrl_agents.credit`.
@@ -30,7 +30,7 @@ def _check_groups(rewards: jax.Array, name: str = "rewards", min_group: int = 1)
         f"this estimator needs at least {min_group} rollouts per prompt")
 
 
-@registry.register("advantage", "grpo")
+@registry.register("group_advantage", "grpo")
 def group_normalized_advantages(
     rewards: jax.Array, *, std_normalize: bool = True, eps: float = 1e-6, ddof: int = 1
 ) -> jax.Array:
@@ -56,7 +56,7 @@ def group_normalized_advantages(
   return centred / (rewards.std(axis=1, ddof=ddof, keepdims=True) + eps)
 
 
-@registry.register("advantage", "dr_grpo")
+@registry.register("group_advantage", "dr_grpo")
 def dr_grpo_advantages(rewards: jax.Array) -> jax.Array:
   """Dr. GRPO: A_i = r_i - mean_g r, no division by the group std.
 
@@ -74,7 +74,7 @@ def dr_grpo_advantages(rewards: jax.Array) -> jax.Array:
   return group_normalized_advantages(rewards, std_normalize=False)
 
 
-@registry.register("advantage", "rloo")
+@registry.register("group_advantage", "rloo")
 def rloo_advantages(rewards: jax.Array) -> jax.Array:
   """REINFORCE leave-one-out: A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g r).
 
@@ -98,7 +98,7 @@ def _whiten(x: jax.Array, eps: float) -> jax.Array:
   return (x - x.mean()) / (x.std() + eps)
 
 
-@registry.register("advantage", "reinforce_pp")
+@registry.register("group_advantage", "reinforce_pp")
 def reinforce_pp_advantages(
     rewards: jax.Array, *, group_baseline: bool = False, eps: float = 1e-6
 ) -> jax.Array:
@@ -124,13 +124,13 @@ def reinforce_pp_advantages(
   return _whiten(a, eps)
 
 
-@registry.register("advantage", "reinforce_pp_baseline")
+@registry.register("group_advantage", "reinforce_pp_baseline")
 def reinforce_pp_baseline_advantages(rewards: jax.Array, *, eps: float = 1e-6) -> jax.Array:
   """REINFORCE++ with a group-mean baseline before batch normalization; f32[P, G] -> f32[P, G]."""
   return reinforce_pp_advantages(rewards, group_baseline=True, eps=eps)
 
 
-@registry.register("advantage", "gdpo")
+@registry.register("component_advantage", "gdpo")
 def gdpo_advantages(
     rewards: jax.Array,
     weights: jax.Array | None = None,
@@ -175,7 +175,7 @@ def gdpo_advantages(
   return _whiten(combined, eps) if batch_normalize else combined
 
 
-@registry.register("advantage", "gae")
+@registry.register("token_advantage", "gae")
 def generalized_advantage_estimation(
     rewards: jax.Array,
     values: jax.Array,

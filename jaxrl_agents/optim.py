@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,9 +82,17 @@ def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
     decay: str = "constant", end_fraction: float = 0.0, clock: str = "updates",
     weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-    grad_clip: float | None = 1.0
+    grad_clip: float | None = 1.0,
+    groups: Mapping[str, Mapping[str, Any]] | None = None,
+    label_fn: Callable[[Any], Any] | None = None,
 ) -> Optimizer:
   """AdamW with global-norm clipping, wrapped in `optax.apply_if_finite`.
+
+  With `groups` ({label: overrides of learning_rate, warmup_updates,
+  end_fraction, weight_decay, b1, b2, eps}) and `label_fn` (params -> a
+  pytree of labels), each group of parameters gets its own AdamW
+  (`optax.multi_transform`): PPO's critic learns at its own rate. Parameters
+  labelled "default" use the arguments above; clipping stays global.
 
   A non-finite gradient leaves params and moments untouched and is counted in
   the state (`notfinite_count`, `total_notfinite`), which the trainer reads to
@@ -101,13 +109,29 @@ def make_optimizer(
   if decay not in SCHEDULES:
     raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
   by_updates = clock == "updates"
-  schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates,
-                                    decay if by_updates else "constant", end_fraction)
-  parts = []
-  if grad_clip:
-    parts.append(optax.clip_by_global_norm(grad_clip))
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  tx = optax.apply_if_finite(optax.chain(*parts), max_consecutive_errors=2**30)
+  settings = dict(learning_rate=learning_rate, warmup_updates=warmup_updates,
+                  end_fraction=end_fraction, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps)
+
+  def adamw(learning_rate, warmup_updates, end_fraction, weight_decay, b1, b2, eps):
+    schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates,
+                                      decay if by_updates else "constant", end_fraction)
+    return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay), schedule
+
+  main, schedule = adamw(**settings)
+  if groups:
+    if label_fn is None:
+      raise ValueError("optimizer groups need a label_fn mapping params to group labels")
+    for label, overrides in groups.items():
+      unknown = sorted(set(overrides) - set(settings))
+      if unknown:
+        raise ValueError(f"optimizer group {label!r}: unknown setting(s) {unknown}; "
+                         f"settings: {sorted(settings)}")
+    transforms = {"default": main,
+                  **{label: adamw(**{**settings, **dict(overrides)})[0]
+                     for label, overrides in groups.items()}}
+    main = optax.multi_transform(transforms, label_fn)
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
+  tx = optax.apply_if_finite(optax.chain(*parts, main), max_consecutive_errors=2**30)
   scale = jnp.ones_like if by_updates else functools.partial(
       decay_factor, decay=decay, end_fraction=end_fraction)
   return Optimizer(tx=tx, schedule=schedule, scale=scale)

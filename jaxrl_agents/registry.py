@@ -3,14 +3,18 @@
 ```
 from jaxrl_agents import registry
 
-@registry.register("advantage", "grpo")
+@registry.register("group_advantage", "grpo")
 def group_normalized_advantages(rewards, ...): ...
 
-registry.get("advantage", "grpo")(rewards)
-registry.names("advantage")
+registry.get("group_advantage", "grpo")(rewards)
+registry.names("group_advantage")
 ```
-Kinds in use: "advantage", "kl", "policy_loss", "aggregation", "preference_loss", "reward",
-"env", "model".
+A kind holds functions of one signature, so a caller can call any entry of it:
+"group_advantage" (f32[P, G] rewards -> f32[P, G]), "component_advantage"
+(f32[P, G, M] reward components, f32[M] weights -> f32[P, G]), "token_advantage"
+(token rewards, values, dones -> advantages, returns), "kl" (per-token
+estimators), "policy_loss", "aggregation", "preference_loss", "reward" (host
+functions of completions and examples), "model" (presets).
 Registration happens when the defining module is imported; `get` and `names`
 import the library's modules for the kind first, so callers never need to.
 """
@@ -27,13 +31,14 @@ _REGISTRY: dict[str, dict[str, Any]] = {}
 # Modules whose import registers the entries of each kind.
 _PROVIDERS: dict[str, tuple[str, ...]] = {
     "model": ("jaxrl_agents.models.zoo",),
-    "advantage": ("jaxrl_agents.advantages",),
+    "group_advantage": ("jaxrl_agents.advantages",),
+    "component_advantage": ("jaxrl_agents.advantages",),
+    "token_advantage": ("jaxrl_agents.advantages",),
     "kl": ("jaxrl_agents.losses",),
     "policy_loss": ("jaxrl_agents.losses",),
     "aggregation": ("jaxrl_agents.losses",),
     "preference_loss": ("jaxrl_agents.losses",),
     "reward": ("jaxrl_agents.rewards",),
-    "env": ("jaxrl_agents.envs",),
 }
 
 

@@ -12,8 +12,10 @@ R = jnp.array([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 
 
 def test_registered_names():
-  assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gdpo",
-          "gae"} <= set(registry.names("advantage"))
+  assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"} <= \
+      set(registry.names("group_advantage"))
+  assert registry.names("component_advantage") == ["gdpo"]
+  assert registry.names("token_advantage") == ["gae"]
 
 
 def test_grpo_hand_values():
@@ -27,17 +29,18 @@ def test_group_advantages_sum_to_zero_and_vanish_on_ties():
   rng = np.random.default_rng(0)
   r = jnp.asarray(rng.normal(size=(5, 8)), jnp.float32)
   for name in ("grpo", "dr_grpo", "rloo"):
-    a = registry.get("advantage", name)(r)
+    a = registry.get("group_advantage", name)(r)
     np.testing.assert_allclose(a.sum(1), 0.0, atol=1e-5)
-    ties = registry.get("advantage", name)(jnp.full((3, 4), 0.7))
+    ties = registry.get("group_advantage", name)(jnp.full((3, 4), 0.7))
     np.testing.assert_array_equal(ties, 0.0)
 
 
 def test_dr_grpo_is_grpo_without_std():
   np.testing.assert_allclose(
-      registry.get("advantage", "dr_grpo")(R),
+      registry.get("group_advantage", "dr_grpo")(R),
       adv.group_normalized_advantages(R, std_normalize=False))
-  np.testing.assert_allclose(registry.get("advantage", "dr_grpo")(R)[1], [1.0, -1.0, 0.0, 0.0])
+  np.testing.assert_allclose(registry.get("group_advantage", "dr_grpo")(R)[1],
+                             [1.0, -1.0, 0.0, 0.0])
 
 
 def test_grpo_affine_invariance():
@@ -59,7 +62,7 @@ def test_reinforce_pp_batch_whitened():
   a = adv.reinforce_pp_advantages(R, eps=0.0)
   flat = np.asarray(R).ravel()
   np.testing.assert_allclose(np.asarray(a).ravel(), (flat - flat.mean()) / flat.std(), rtol=1e-6)
-  b = registry.get("advantage", "reinforce_pp_baseline")(R, eps=0.0)
+  b = registry.get("group_advantage", "reinforce_pp_baseline")(R, eps=0.0)
   centred = np.asarray(adv.dr_grpo_advantages(R)).ravel()
   np.testing.assert_allclose(np.asarray(b).ravel(), centred / centred.std(), rtol=1e-6)
   # A single rollout per prompt is fine without a group baseline.
@@ -162,7 +165,7 @@ def test_jit_and_vmap():
   rng = np.random.default_rng(5)
   r = jnp.asarray(rng.normal(size=(2, 3, 4)), jnp.float32)  # a leading batch of problems
   for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
-    fn = registry.get("advantage", name)
+    fn = registry.get("group_advantage", name)
     batched = jax.vmap(jax.jit(fn))(r)
     np.testing.assert_allclose(batched[1], fn(r[1]), rtol=1e-5, atol=1e-6)
   gdpo = jax.jit(adv.gdpo_advantages)
@@ -187,4 +190,4 @@ def test_shape_errors_name_the_argument():
     adv.generalized_advantage_estimation(jnp.ones((2, 3)), jnp.ones((2, 4)),
                                          jnp.zeros((2, 3), bool))
   with pytest.raises(KeyError, match="grpo"):
-    registry.get("advantage", "grpoo")
+    registry.get("group_advantage", "grpoo")

@@ -14,10 +14,10 @@ import pytest
 
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
-from jaxrl_agents import checkpointing, registry, rl_loop
+from jaxrl_agents import checkpointing, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout.scoring import SequenceBatch
+from jaxrl_agents.rollout import single_turn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO_TINY = os.path.join(REPO, "experiments", "configs", "grpo_arithmetic.py") + ":tiny"
@@ -170,13 +170,15 @@ def test_bad_config_fails_before_anything_runs(tmp_path, flag, message):
 def test_select_groups_keeps_groups_with_reward_variance_first():
   rewards = np.array([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.2], [0.5, 0.5]], np.float32)
   rows = jnp.arange(10)
-  seq = SequenceBatch(rows[:, None], rows[:, None] > -1, rows[:, None], rows[:, None] > -1)
+  seq = types.single_turn(rows[:, None], rows[:, None] > -1, rows[:, None], rows[:, None] > -1,
+                          jnp.zeros((10, 1)))
   kept, kept_rewards = grpo.select_groups(seq, rewards, keep=2)
-  np.testing.assert_array_equal(kept.prompt_tokens[:, 0], [2, 3, 6, 7])  # groups 1 and 3
+  np.testing.assert_array_equal(kept.tokens[:, 0], [2, 3, 6, 7])  # groups 1 and 3
   np.testing.assert_array_equal(kept_rewards, rewards[[1, 3]])
   # Too few groups vary: tied ones top up, in sampling order, and order is kept.
   kept, kept_rewards = grpo.select_groups(seq, rewards, keep=3)
-  np.testing.assert_array_equal(kept.prompt_tokens[:, 0], [0, 1, 2, 3, 6, 7])
+  np.testing.assert_array_equal(kept.tokens[:, 0], [0, 1, 2, 3, 6, 7])
+  assert kept.prompt_width == 1
   same, _ = grpo.select_groups(seq, rewards, keep=5)
   assert same is seq
   with pytest.raises(ValueError, match="cannot keep 6 groups of 5"):
@@ -186,13 +188,13 @@ def test_select_groups_keeps_groups_with_reward_variance_first():
 def test_split_for_sampling_keeps_every_prompt():
   tok = zoo.load("tiny").tokenizer
   prompts = ["What is 12 plus 30?", "What is 7 times 8?", "What is 99 minus 1?"]
-  tokens, mask = rl_loop.encode(tok, prompts, chat=True, system=None)
-  prefix, suffix, suffix_mask = rl_loop.split_for_sampling(tokens, mask, tok.pad_token_id)
+  tokens, mask = single_turn.encode(tok, prompts, chat=True, system=None)
+  prefix, suffix, suffix_mask = single_turn.split_for_sampling(tokens, mask, tok.pad_token_id)
   assert prefix is not None and len(prefix) % 8 == 0 and len(prefix) >= 8
   assert suffix.shape[1] % 16 == 0 and suffix.shape[1] < tokens.shape[1]
   for row, m, srow, sm in zip(tokens, mask, suffix, suffix_mask, strict=True):
     assert prefix.tolist() + srow[sm].tolist() == row[m].tolist()
-  one = rl_loop.split_for_sampling(tokens[:1], mask[:1], tok.pad_token_id)
+  one = single_turn.split_for_sampling(tokens[:1], mask[:1], tok.pad_token_id)
   assert one[0] is None  # a single prompt shares nothing: sampled whole
   np.testing.assert_array_equal(one[1], tokens[:1])
 

@@ -191,7 +191,7 @@ def test_group_advantages_match_verl_and_trl(seed):
       np.ravel(adv.group_normalized_advantages(r, eps=1e-4)), trl_advantages(rewards, g),
       rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(
-      np.ravel(registry.get("advantage", "dr_grpo")(r)),
+      np.ravel(registry.get("group_advantage", "dr_grpo")(r)),
       verl_grpo_outcome_advantage(rewards, index, norm_by_std=False), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(
       np.ravel(adv.rloo_advantages(r)), verl_rloo_outcome_advantage(rewards, index),
@@ -200,7 +200,7 @@ def test_group_advantages_match_verl_and_trl(seed):
   # with equal lengths that is our per-rollout whitening up to the factor sqrt(n / (n - 1)).
   full = np.ones_like(mask)
   ref = verl_reinforce_pp_baseline(rewards, index, full)[:, 0]
-  ours = np.ravel(registry.get("advantage", "reinforce_pp_baseline")(r))
+  ours = np.ravel(registry.get("group_advantage", "reinforce_pp_baseline")(r))
   n = full.sum()
   np.testing.assert_allclose(ours, ref * math.sqrt(n / (n - 1)), rtol=1e-4, atol=1e-5)
 
@@ -285,7 +285,7 @@ def test_grpo_loss_types_match_trl(loss_type, mode, beta):
   ref_loss = trl_grpo_loss(logp, old, ref, seq_adv, mask, 0.2, 0.28, beta, loss_type,
                            max_completion_length=old.shape[1])
   name = "grpo" if scale else "dr_grpo"
-  a = registry.get("advantage", name)(jnp.asarray(rewards.reshape(-1, g), jnp.float32),
+  a = registry.get("group_advantage", name)(jnp.asarray(rewards.reshape(-1, g), jnp.float32),
                                       **({"eps": 1e-4} if scale else {}))
   lp, op, rp = _f32(logp, old, ref)
   m = jnp.asarray(mask, bool)

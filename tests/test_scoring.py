@@ -5,9 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout.scoring import SequenceBatch, completion_logprobs, token_logprobs
+from jaxrl_agents.rollout.scoring import policy_logprobs, token_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -19,13 +21,13 @@ def test_scoring_matches_the_sampling_distribution(tiny_model, temperature):
                                         stop_tokens=(4,), pad_id=0)
   out = sampler_lib.generate(params, cfg, jnp.asarray(tokens), jnp.asarray(mask),
                              jax.random.key(1), sampling)
-  batch = SequenceBatch(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask)
-  logp, entropy = completion_logprobs(params, cfg, batch, temperature=temperature,
-                                      with_entropy=True)
-  expected = np.where(np.asarray(out.mask), np.asarray(out.sampling_logprobs), 0.0)
-  np.testing.assert_allclose(np.asarray(logp), expected, atol=3e-5)
-  assert np.all(np.asarray(logp)[~np.asarray(out.mask)] == 0)
-  assert entropy.shape == logp.shape and np.all(np.asarray(entropy) > 0)
+  traj = types.single_turn(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask,
+                           out.sampling_logprobs).check()
+  logp, entropy = policy_logprobs(params, cfg, traj, temperature=temperature, with_entropy=True)
+  assert logp.shape == traj.tokens.shape
+  np.testing.assert_allclose(np.asarray(logp), np.asarray(traj.sampling_logprobs), atol=3e-5)
+  assert np.all(np.asarray(logp)[~np.asarray(traj.policy_mask)] == 0)
+  assert np.all(np.asarray(entropy)[:, 8:] > 0) and np.all(np.asarray(entropy)[:, :8] == 0)
 
 
 def test_temperature_scales_logits_before_the_softmax():
@@ -52,20 +54,22 @@ def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size):
   lengths = np.arange(out.tokens.shape[0]) % 9 + 1
   m = np.arange(9)[None, :] < lengths[:, None]
   completion = jnp.where(m, out.tokens, 0)
-  batch = SequenceBatch(jnp.repeat(tokens, group_size, 0), jnp.repeat(mask, group_size, 0),
-                        completion, jnp.asarray(m))
-  full_logp, full_ent = completion_logprobs(params, cfg, batch, with_entropy=True)
-  shared_logp, shared_ent = completion_logprobs(params, cfg, batch, with_entropy=True,
-                                                group_size=group_size)
+  batch = types.single_turn(jnp.repeat(tokens, group_size, 0), jnp.repeat(mask, group_size, 0),
+                            completion, jnp.asarray(m), out.logprobs)
+  full_logp, full_ent = policy_logprobs(params, cfg, batch, with_entropy=True)
+  shared_logp, shared_ent = policy_logprobs(params, cfg, batch, with_entropy=True,
+                                            group_size=group_size)
   np.testing.assert_allclose(shared_logp, full_logp, atol=2e-5)
-  np.testing.assert_allclose(np.asarray(shared_ent)[m], np.asarray(full_ent)[m], atol=2e-5)
+  policy = np.asarray(batch.policy_mask)
+  np.testing.assert_allclose(np.asarray(shared_ent)[policy], np.asarray(full_ent)[policy],
+                             atol=2e-5)
   # And the sampler's own record of the same tokens.
-  np.testing.assert_allclose(shared_logp, np.where(m, out.logprobs, 0.0), atol=3e-5)
+  np.testing.assert_allclose(shared_logp, batch.sampling_logprobs, atol=3e-5)
 
-  weights = jax.random.normal(jax.random.key(0), m.shape)
+  weights = jax.random.normal(jax.random.key(0), policy.shape)
 
   def objective(p, g):
-    logp, _ = completion_logprobs(p, cfg, batch, group_size=g)
+    logp, _ = policy_logprobs(p, cfg, batch, group_size=g)
     return jnp.sum(logp * weights)
 
   full_grad = jax.grad(objective)(params, 1)
@@ -77,7 +81,83 @@ def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size):
 
 def test_shared_prompt_scoring_rejects_a_partial_group(tiny_model):
   tokens, mask = tokenizer_lib.pad_left([[5, 9], [7, 3], [1, 2]], pad_id=0, length=4)
-  batch = SequenceBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.ones((3, 2), jnp.int32),
-                        jnp.ones((3, 2), bool))
+  batch = types.single_turn(jnp.asarray(tokens), jnp.asarray(mask), jnp.ones((3, 2), jnp.int32),
+                            jnp.ones((3, 2), bool), jnp.zeros((3, 2)))
   with pytest.raises(ValueError, match="not a whole number of groups of 2"):
-    completion_logprobs(tiny_model.params, tiny_model.cfg, batch, group_size=2)
+    policy_logprobs(tiny_model.params, tiny_model.cfg, batch, group_size=2)
+
+
+def _multi_turn_batch():
+  """Two turns per row in fixed-width blocks: reply (right-padded, 4), observation
+  (left-padded, 3), reply (4), after a left-padded prompt of 4.
+
+  Returns (Trajectory, for each row the stream without its gaps and which of
+  those tokens the policy sampled).
+  """
+  layout = [  # (prompt, reply 1, observation, reply 2)
+      ([5, 9, 14], [20, 31], [8, 2], [17, 18, 19, 21]),
+      ([7, 3, 1, 6], [22, 23, 24, 25], [26], [27]),
+  ]
+  tokens = np.zeros((2, 15), np.int32)
+  valid = np.zeros((2, 15), bool)
+  policy = np.zeros((2, 15), bool)
+  compact = []
+  for i, (prompt, r1, obs, r2) in enumerate(layout):
+    for start, width, piece, left, is_policy in ((0, 4, prompt, True, False),
+                                                 (4, 4, r1, False, True),
+                                                 (8, 3, obs, True, False),
+                                                 (11, 4, r2, False, True)):
+      cols = range(start + width - len(piece), start + width) if left else \
+          range(start, start + len(piece))
+      for c, tok in zip(cols, piece, strict=True):
+        tokens[i, c], valid[i, c], policy[i, c] = tok, True, is_policy
+    compact.append((prompt + r1 + obs + r2,
+                    [False] * len(prompt) + [True] * len(r1) + [False] * len(obs)
+                    + [True] * len(r2)))
+  turn_id = np.where(policy, (np.arange(15) >= 11).astype(np.int32)[None, :], -1)
+  traj = types.Trajectory(
+      tokens=jnp.asarray(tokens), valid=jnp.asarray(valid), policy_mask=jnp.asarray(policy),
+      turn_id=jnp.asarray(turn_id), sampling_logprobs=jnp.zeros((2, 15)),
+      turn_rewards=jnp.zeros((2, 2)), turn_mask=jnp.ones((2, 2), bool), prompt_width=4)
+  return traj.check(), compact
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_multi_turn_scoring_skips_gaps_and_environment_tokens(tiny_model, group_size):
+  """Policy tokens of a gapped multi-turn stream score as in the same stream without gaps;
+  environment tokens get nothing."""
+  params, cfg = tiny_model.params, tiny_model.cfg
+  traj, compact = _multi_turn_batch()
+  if group_size == 2:  # both rows share row 0's prompt
+    traj = traj.replace(tokens=traj.tokens.at[1, :4].set(traj.tokens[0, :4]),
+                        valid=traj.valid.at[1, :4].set(traj.valid[0, :4]))
+    compact[1] = ([5, 9, 14] + compact[1][0][4:], [False] * 3 + compact[1][1][4:])
+  logp, _ = policy_logprobs(params, cfg, traj, group_size=group_size)
+  policy = np.asarray(traj.policy_mask)
+  for i, (ids, sampled) in enumerate(compact):
+    logits, _ = transformer.apply(params, jnp.asarray([ids]), jnp.arange(len(ids))[None], cfg)
+    ref = jax.nn.log_softmax(logits[0, :-1], axis=-1)
+    expected = [float(ref[j - 1, ids[j]]) for j in range(1, len(ids)) if sampled[j]]
+    np.testing.assert_allclose(np.asarray(logp[i])[policy[i]], expected, atol=2e-5)
+  assert np.all(np.asarray(logp)[~policy] == 0)
+
+
+def test_trajectory_check_names_the_bad_field():
+  traj, _ = _multi_turn_batch()
+  with pytest.raises(ValueError, match="policy_mask marks prompt columns"):
+    traj.replace(policy_mask=traj.policy_mask.at[0, 0].set(True)).check()
+  with pytest.raises(ValueError, match="not valid"):
+    traj.replace(valid=traj.valid.at[0, 5].set(False)).check()
+  with pytest.raises(ValueError, match="turn_id"):
+    traj.replace(turn_id=traj.turn_id[:, :3]).check()
+
+
+def test_rewards_sum_the_turns_that_happened():
+  traj, _ = _multi_turn_batch()
+  traj = traj.replace(turn_rewards=jnp.asarray([[1.0, 2.0], [0.5, 9.0]]),
+                      turn_mask=jnp.asarray([[True, True], [True, False]]))
+  np.testing.assert_allclose(traj.rewards, [3.0, 0.5])
+  np.testing.assert_allclose(types.with_outcome(traj, jnp.asarray([4.0, 5.0])).turn_rewards,
+                             [[1.0, 4.0], [0.5, 5.0]])
+  np.testing.assert_array_equal(types.last_policy_token(traj.policy_mask)[:, 14], [True, False])
+  np.testing.assert_array_equal(types.last_policy_token(traj.policy_mask)[:, 11], [False, True])

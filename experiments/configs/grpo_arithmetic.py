@@ -33,7 +33,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.jsonl_path = ""  # your own prompts: {"prompt": ..., "answer": ...} per line
   c.eval_jsonl_path = ""  # held-out prompts for a JSONL run (else it evaluates on training rows)
   c.eval_split = "test"
-  c.eval_size = 200
+  c.eval_size = 100  # the whole test split
   c.prompt_template = "{question} Answer with just the number."
   c.system_prompt = ""
   c.chat = True
@@ -41,6 +41,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Rewards: registered reward names -> weights; the grader gives the accuracy.
   c.rewards = ml_collections.ConfigDict({"math_strict": 1.0, "short_reply": 0.2})
   c.grader = "math_strict"
+  # How the rewards make the total: "sum" (weighted), "lexicographic" (the first
+  # decides, then the second...; components in [0, 1] at least `min_gap` apart) or
+  # "gated" (the second counts only where the first is >= `threshold`).
+  c.reward_combinator = ml_collections.ConfigDict(dict(name="sum", min_gap=1.0, threshold=1.0))
 
   # Rollout.
   c.steps = 50
@@ -54,14 +58,32 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.top_p = 1.0
   c.top_k = 0
 
-  # Objective (names from the registry; see docs/objectives.md).
+  # Objective (names from the registry; see docs/objectives.md). The advantage is a
+  # "group_advantage" over the total rewards, or a "component_advantage" (gdpo) over
+  # the rewards' components weighted as in c.rewards.
   c.advantage = "grpo"
   c.advantage_kwargs = ml_collections.ConfigDict()
   c.policy_loss = "ppo"
-  c.loss_kwargs = ml_collections.ConfigDict({"eps_low": 0.2, "eps_high": 0.28})
+  # Each loss's own hyperparameters: the selected loss reads its entry only, so
+  # switching to gspo gets GSPO's clip range; dual_clip 0 is off (else c > 1).
+  c.loss_kwargs = ml_collections.ConfigDict(dict(
+      ppo=dict(eps_low=0.2, eps_high=0.28, dual_clip=0.0),
+      gspo=dict(eps_low=3e-4, eps_high=4e-4),
+      cispo=dict(eps_high=0.2)))
   c.aggregation = "token-mean"
+  # Gradient only for some policy tokens: "covariance_clip" drops the `frac` with the
+  # largest log-prob/advantage covariance, "entropy_gate" keeps the `frac` of highest
+  # entropy; ranked over the batch, or within each sequence.
+  c.token_control = ml_collections.ConfigDict(dict(name="none", frac=0.0, per_sequence=False))
+  # KL to the frozen initial policy: kl_coef > 0 turns it on. kl_estimator: a sampled-
+  # token estimator (k1, k2, k3) or "forward" (exact KL(ref || pi) over the vocabulary).
   c.kl_coef = 0.0
   c.kl_estimator = "k3"
+  # The coefficient's controller: "fixed" (kl_coef), "adaptive" (starts at kl_coef,
+  # tracks `target` in the logged kl's units over `horizon` samples) or "accuracy"
+  # (beta_min + (kl_coef - beta_min) * accuracy^shape).
+  c.kl_controller = ml_collections.ConfigDict(dict(
+      name="fixed", target=0.1, horizon=1000.0, beta_min=0.0, shape=2.0))
   c.entropy_coef = 0.0
   c.epochs = 1
   c.minibatches = 1

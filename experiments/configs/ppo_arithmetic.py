@@ -10,6 +10,8 @@ Variants: `:tiny` (the tiny random model, 3 steps of 4 prompts x 2 rollouts,
 16 new tokens: a smoke test of every artifact in about a minute).
 """
 
+import ml_collections
+
 from experiments.configs import grpo_arithmetic
 
 
@@ -22,7 +24,10 @@ def get_config(variant: str | None = None):
   c.normalize_advantages = True
   c.vf_coef = 0.1
   c.value_clip = 0.2
-  c.loss_kwargs = {"eps_low": 0.2, "eps_high": 0.2}
+  c.loss_kwargs.ppo.eps_high = 0.2  # symmetric clipping
+  # The critic's own optimizer (the policy's is c.optimizer): a value head learns
+  # faster than the policy may move.
+  c.critic_optimizer = ml_collections.ConfigDict(dict(learning_rate=1e-4))
   c.kl_estimator = "k1"
   if variant == "tiny":
     c.prompts_per_step = 4

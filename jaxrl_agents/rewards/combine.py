@@ -85,6 +85,11 @@ class CombinedReward:
     return tuple(name for name, _ in self._components)
 
   @property
+  def components(self) -> tuple[tuple[str, RewardFn], ...]:
+    """(name, reward) pairs, in order (to build another combinator from the same parts)."""
+    return self._components
+
+  @property
   def accepted_kwargs(self) -> frozenset[str] | None:
     """Keywords some component accepts; None if one takes arbitrary keywords."""
     if any(a is None for a in self._accepts.values()):

@@ -1,87 +1,86 @@
-"""Per-token log-probabilities (and entropies) of completions under a policy.
+"""Per-token log-probabilities (and entropies) of a Trajectory's policy tokens.
 
 Training recomputes the log-probabilities of exactly the sampled tokens with
-one full forward pass over `prompt ++ completion`; the old-policy and
-reference log-probabilities use this same function, so sampling numerics
-never leak into importance ratios.
+one forward pass over the whole stream; the old-policy and reference
+log-probabilities use this same function, so sampling numerics never leak
+into importance ratios.
 
-Layout (the sampler's): prompts are left-padded to Lp, completions
-right-padded to N, so the completion token j sits at column Lp + j and is
-predicted by the hidden state at column Lp + j - 1. Vocabulary logits are
-computed only for those N positions.
+Layout (`types.Trajectory`): the prompt is left-padded to Lp columns; the
+N = T - Lp columns after it hold the turns. Each is predicted by the hidden
+state of the last valid column before it (`predictor_columns`), and
+vocabulary logits are computed only for those N columns. Results come back
+over all T columns, zeros on the prompt, so every array of the update lines
+up with the Trajectory's.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_agents.losses.entropy import softmax_terms
 from jaxrl_agents.models import transformer
+from jaxrl_agents.types import Trajectory
 
 
-class SequenceBatch(NamedTuple):
-  """Prompt + completion token streams.
+def predictor_columns(valid: jax.Array, prompt_width: int) -> jax.Array:
+  """int32[B, N]: for each column Lp + j after the prompt, the last valid column before it.
 
-  Attributes:
-    prompt_tokens: int32[B, Lp] left-padded.
-    prompt_mask: bool[B, Lp].
-    completion_tokens: int32[B, N] right-padded.
-    completion_mask: bool[B, N] the policy's tokens (loss mask).
+  The hidden state there predicts the token at Lp + j. In a stream without
+  gaps that is Lp + j - 1; fixed-width turn blocks leave invalid columns
+  between a turn and the next, which attention skips and prediction must too.
+  A left-padded prompt ends on a valid column, so the result is >= Lp - 1.
   """
-
-  prompt_tokens: jax.Array
-  prompt_mask: jax.Array
-  completion_tokens: jax.Array
-  completion_mask: jax.Array
+  t = valid.shape[1]
+  last_valid = jax.lax.cummax(jnp.where(valid, jnp.arange(t, dtype=jnp.int32), -1), axis=1)
+  return last_valid[:, prompt_width - 1:t - 1]
 
 
-def completion_hidden(params, cfg: transformer.TransformerConfig, batch: SequenceBatch, *,
-                      group_size: int = 1):
-  """Final hidden states f[B, N, D] at the positions that predict each completion token.
+def policy_hidden(params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
+                  group_size: int = 1) -> jax.Array:
+  """Final hidden states f[B, N, D] that predict each column after the prompt (N = T - Lp).
 
   With group_size G > 1, rows come in groups of G consecutive rows that share
   one prompt (the rollout's layout): each distinct prompt is run once, its
-  KV cache repeated for its G completions, and only the completion tokens go
-  through the model per row. The result equals the G = 1 full forward (the
-  same attention, over the same keys) for a fraction of the prompt's cost,
-  in the forward and in the backward pass (the gradient through the repeated
-  cache sums over the group).
+  KV cache repeated for its G rows, and only the columns after it go through
+  the model per row. The result equals the G = 1 full forward (the same
+  attention, over the same keys) for a fraction of the prompt's cost, in the
+  forward and in the backward pass (the gradient through the repeated cache
+  sums over the group).
   """
-  lp = batch.prompt_tokens.shape[1]
-  n = batch.completion_tokens.shape[1]
+  lp, t = traj.prompt_width, traj.tokens.shape[1]
+  n = t - lp
+  positions = transformer.positions_from_mask(traj.valid)
+  segments = traj.valid.astype(jnp.int32)
   if group_size == 1:
-    tokens = jnp.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1)
-    mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1)
-    positions = transformer.positions_from_mask(mask)
-    hidden, _ = transformer.apply(params, tokens, positions, cfg,
-                                  segment_ids=mask.astype(jnp.int32), return_hidden=True,
-                                  num_positions=lp + n)
-    return hidden[:, lp - 1: lp - 1 + n]
-  b = batch.prompt_tokens.shape[0]
-  if group_size < 1 or b % group_size:
-    raise ValueError(f"batch of {b} rows is not a whole number of groups of {group_size}")
-  prompt_tokens = batch.prompt_tokens[::group_size]
-  prompt_mask = batch.prompt_mask[::group_size]
-  prompt_hidden, cache = transformer.apply(
-      params, prompt_tokens, transformer.positions_from_mask(prompt_mask), cfg,
-      segment_ids=prompt_mask.astype(jnp.int32), return_hidden=True, new_cache_len=lp + n - 1,
-      num_positions=lp)
-  # The last prompt position predicts the first completion token; completion
-  # token j predicts token j + 1, so the last one is never an input.
-  first = jnp.repeat(prompt_hidden[:, -1:], group_size, axis=0)
-  if n == 1:
-    return first
-  inputs = batch.completion_tokens[:, :-1]
-  prompt_len = jnp.sum(batch.prompt_mask, axis=1, dtype=jnp.int32)[:, None]
-  positions = prompt_len + jnp.arange(n - 1, dtype=jnp.int32)[None, :]
-  rest, _ = transformer.apply(
-      params, inputs, positions, cfg, segment_ids=batch.completion_mask[:, :-1].astype(jnp.int32),
-      cache=transformer.repeat_cache(cache, group_size), return_hidden=True,
-      num_positions=lp + n)
-  return jnp.concatenate([first, rest], axis=1)
+    hidden, _ = transformer.apply(params, traj.tokens, positions, cfg, segment_ids=segments,
+                                  return_hidden=True, num_positions=t)
+    hidden = hidden[:, lp - 1: t - 1]
+  else:
+    b = traj.tokens.shape[0]
+    if group_size < 1 or b % group_size:
+      raise ValueError(f"batch of {b} rows is not a whole number of groups of {group_size}")
+    prompt_valid = traj.valid[::group_size, :lp]
+    prompt_hidden, cache = transformer.apply(
+        params, traj.tokens[::group_size, :lp], transformer.positions_from_mask(prompt_valid),
+        cfg, segment_ids=prompt_valid.astype(jnp.int32), return_hidden=True,
+        new_cache_len=t - 1, num_positions=lp)
+    # The last prompt column predicts the first column after it; the last
+    # column is never an input.
+    hidden = jnp.repeat(prompt_hidden[:, -1:], group_size, axis=0)
+    if n > 1:
+      rest, _ = transformer.apply(
+          params, traj.tokens[:, lp:-1], positions[:, lp:-1], cfg,
+          segment_ids=segments[:, lp:-1], cache=transformer.repeat_cache(cache, group_size),
+          return_hidden=True, num_positions=t)
+      hidden = jnp.concatenate([hidden, rest], axis=1)
+  rows = predictor_columns(traj.valid, lp) - (lp - 1)
+  return jnp.take_along_axis(hidden, rows[..., None], axis=1)
+
+
+def prompt_columns_zero(x: jax.Array, prompt_width: int) -> jax.Array:
+  """f32[B, N] values of the columns after the prompt -> f32[B, T], zeros on the prompt."""
+  return jnp.pad(x, ((0, 0), (prompt_width, 0)))
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
@@ -111,24 +110,33 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
   return logp, entropy if with_entropy else None
 
 
-def completion_logprobs(
-    params, cfg: transformer.TransformerConfig, batch: SequenceBatch, *,
+def policy_logits(params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
+                  group_size: int = 1) -> jax.Array:
+  """f32[B, N, V] logits predicting each column after the prompt (see `policy_hidden`)."""
+  return transformer.lm_head(params, policy_hidden(params, cfg, traj, group_size=group_size), cfg)
+
+
+def policy_logprobs(
+    params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
     temperature: float = 1.0, with_entropy: bool = False, group_size: int = 1
 ) -> tuple[jax.Array, jax.Array | None]:
-  """log pi_T(y_j | x, y_<j) for every completion token.
+  """log pi_T(token | everything valid before it) at every policy token of the stream.
 
   Args:
     params: policy parameters.
     cfg: the architecture.
-    batch: the token streams.
-    temperature: the sampling temperature the completions were drawn at.
-    with_entropy: also return the policy entropy at each completion position.
-    group_size: rows per shared prompt (see `completion_hidden`).
+    traj: the episodes.
+    temperature: the sampling temperature the policy tokens were drawn at.
+    with_entropy: also return the policy entropy at each column.
+    group_size: rows per shared prompt (see `policy_hidden`).
 
   Returns:
-    (logp f32[B, N] (0 where the completion mask is False), entropy f32[B, N] or None).
+    (logp f32[B, T] (0 where policy_mask is False), entropy f32[B, T] (0 on the
+    prompt) or None).
   """
-  hidden = completion_hidden(params, cfg, batch, group_size=group_size)
-  logits = transformer.lm_head(params, hidden, cfg)
-  return token_logprobs(logits, batch.completion_tokens, batch.completion_mask,
-                        temperature=temperature, with_entropy=with_entropy)
+  logits = policy_logits(params, cfg, traj, group_size=group_size)
+  lp = traj.prompt_width
+  logp, entropy = token_logprobs(logits, traj.tokens[:, lp:], traj.policy_mask[:, lp:],
+                                 temperature=temperature, with_entropy=with_entropy)
+  return (prompt_columns_zero(logp, lp),
+          None if entropy is None else prompt_columns_zero(entropy, lp))

@@ -1,0 +1,185 @@
+"""The policy part of an RL loss, composed from static hyperparameters read once from a config.
+
+GRPO and PPO (and any trainer of a policy on sampled tokens) share it:
+
+  loss = policy_loss(logp, old_logp, A, mask')            registered "policy_loss"
+       + beta * KL(pi || pi_ref)                          registered "kl" estimator, or "forward"
+       - entropy_coef * H(pi)
+  mask' = token_control(mask)                             "covariance_clip" / "entropy_gate" / none
+
+`PolicyObjective` holds the hyperparameters as a frozen (hashable) dataclass,
+built from the config in the experiment, so nothing under jit reads a
+ConfigDict; `policy_objective` is a pure function of arrays and it. The KL
+coefficient beta is an argument (a KL controller's state may move it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agents import registry
+from jaxrl_agents.losses import entropy as entropy_lib
+from jaxrl_agents.losses import kl as kl_lib
+from jaxrl_agents.losses import token_controls
+from jaxrl_agents.losses.aggregation import aggregate, masked_mean
+
+# Token controls: which policy tokens keep their gradient (losses/token_controls.py).
+TOKEN_CONTROLS = ("none", "covariance_clip", "entropy_gate")
+# "forward" is the exact forward KL(pi_ref || pi) over the whole vocabulary (it needs
+# the reference's logits in the loss); the registered estimators are per sampled token.
+FORWARD_KL = "forward"
+
+# Hyperparameter values that mean "off" in a config (ConfigDict fields cannot
+# be None and still be set from the command line), mapped to the loss's None.
+_OFF_MEANS_NONE = {"dual_clip": 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyObjective:
+  """Static hyperparameters of the policy loss.
+
+  Attributes:
+    policy_loss: a registered "policy_loss" name.
+    loss_kwargs: that loss's own hyperparameters, as sorted (name, value) pairs.
+    aggregation: a registered aggregation mode.
+    normalizer: the constant of "seq-mean-token-sum-norm" (the token budget).
+    kl: a registered "kl" estimator, or "forward"; used when `kl_on`.
+    kl_on: whether the loss has a KL term (its coefficient comes in as beta).
+    entropy_coef: weight of the entropy bonus.
+    temperature: the sampling temperature (log-probs refer to pi_T).
+    token_control: one of TOKEN_CONTROLS.
+    token_control_frac: its fraction (covariance_clip: dropped; entropy_gate: kept).
+    token_control_per_sequence: rank tokens within each sequence instead of the batch.
+  """
+
+  policy_loss: str = "ppo"
+  loss_kwargs: tuple[tuple[str, Any], ...] = ()
+  aggregation: str = "token-mean"
+  normalizer: float | None = None
+  kl: str = "k3"
+  kl_on: bool = False
+  entropy_coef: float = 0.0
+  temperature: float = 1.0
+  token_control: str = "none"
+  token_control_frac: float = 0.0
+  token_control_per_sequence: bool = False
+
+  def __post_init__(self):
+    registry.get("policy_loss", self.policy_loss)
+    registry.get("aggregation", self.aggregation)
+    if self.kl_on and self.kl != FORWARD_KL:
+      registry.get("kl", self.kl)
+    if self.token_control not in TOKEN_CONTROLS:
+      raise ValueError(f"token_control must be one of {TOKEN_CONTROLS}, "
+                       f"got {self.token_control!r}")
+    if self.token_control != "none" and not 0.0 <= self.token_control_frac <= 1.0:
+      raise ValueError(f"token_control_frac must be in [0, 1], got {self.token_control_frac}")
+
+  @property
+  def needs_ref_logits(self) -> bool:
+    return self.kl_on and self.kl == FORWARD_KL
+
+
+def loss_hyperparameters(policy_loss: str, per_loss: Mapping[str, Mapping[str, Any]]
+                         ) -> tuple[tuple[str, Any], ...]:
+  """The selected loss's entry of a config's per-loss table, checked against its signature.
+
+  Each loss keeps its own hyperparameters, so selecting GSPO gets GSPO's clip
+  range, not PPO's: a loss with no entry runs with its own defaults.
+  """
+  fn = registry.get("policy_loss", policy_loss)
+  kwargs = dict(per_loss.get(policy_loss, {}))
+  accepted = set(inspect.signature(fn).parameters) - {"logp", "old_logp", "advantages", "mask",
+                                                      "aggregation", "normalizer"}
+  unknown = sorted(set(kwargs) - accepted)
+  if unknown:
+    raise ValueError(f"loss_kwargs.{policy_loss} has {unknown}, which the {policy_loss!r} loss "
+                     f"does not take; it takes {sorted(accepted)}")
+  for name, off in _OFF_MEANS_NONE.items():
+    if name in kwargs and kwargs[name] == off:
+      kwargs[name] = None
+  return tuple(sorted(kwargs.items()))
+
+
+def from_config(config) -> PolicyObjective:
+  """The PolicyObjective of an RL experiment's config (see experiments/configs/)."""
+  control = config.get("token_control", None)
+  return PolicyObjective(
+      policy_loss=config.policy_loss,
+      loss_kwargs=loss_hyperparameters(config.policy_loss, config.loss_kwargs),
+      aggregation=config.aggregation,
+      normalizer=float(config.max_new_tokens),
+      kl=config.kl_estimator,
+      kl_on=config.kl_coef > 0,
+      entropy_coef=float(config.entropy_coef),
+      temperature=float(config.temperature),
+      token_control=control.name if control else "none",
+      token_control_frac=float(control.frac) if control else 0.0,
+      token_control_per_sequence=bool(control.per_sequence) if control else False)
+
+
+def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
+                    advantages: jax.Array, mask: jax.Array
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The policy tokens that keep their gradient under the token control."""
+  if hp.token_control == "covariance_clip":
+    adv = jnp.broadcast_to(advantages[:, None], mask.shape) if advantages.ndim == 1 \
+        else advantages
+    return token_controls.covariance_clip_mask(
+        jax.lax.stop_gradient(logp), adv, mask, hp.token_control_frac,
+        per_sequence=hp.token_control_per_sequence)
+  if hp.token_control == "entropy_gate":
+    return token_controls.entropy_gate_mask(
+        jax.lax.stop_gradient(entropy), mask, hp.token_control_frac,
+        per_sequence=hp.token_control_per_sequence)
+  return mask, {}
+
+
+def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
+                     old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+                     beta: jax.Array | float = 0.0, ref_logp: jax.Array | None = None,
+                     kl_per_token: jax.Array | None = None
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The policy loss with its KL and entropy terms.
+
+  Args:
+    hp: the static hyperparameters.
+    logp: f32[B, T] log pi_T of the sampled tokens (differentiable).
+    entropy: f32[B, T] entropy of pi_T at each position.
+    old_logp: f32[B, T] under the sampling policy.
+    advantages: f32[B] or f32[B, T].
+    mask: bool[B, T] policy tokens.
+    beta: the KL coefficient.
+    ref_logp: f32[B, T] reference log-probs (a sampled-token KL estimator).
+    kl_per_token: f32[B, T] an exact per-position KL (the forward KL), instead.
+
+  Returns:
+    (scalar loss, metrics: the loss's, kl, entropy, loss, and the token control's).
+  """
+  loss_mask, metrics = controlled_mask(hp, logp, entropy, advantages, mask)
+  loss, loss_metrics = registry.get("policy_loss", hp.policy_loss)(
+      logp, old_logp, advantages, loss_mask, aggregation=hp.aggregation,
+      normalizer=hp.normalizer, **dict(hp.loss_kwargs))
+  metrics = {**metrics, **loss_metrics}
+  if hp.kl_on:
+    if kl_per_token is None:
+      kl, _ = kl_lib.kl_loss(logp, ref_logp, mask, estimator=hp.kl, aggregation=hp.aggregation,
+                             normalizer=hp.normalizer)
+    else:
+      kl = aggregate(jnp.where(mask, kl_per_token, 0.0), mask, hp.aggregation, hp.normalizer)
+    loss = loss + beta * kl
+    metrics["kl"] = kl
+    metrics["kl_coef"] = jnp.asarray(beta, jnp.float32)
+  if hp.entropy_coef:
+    bonus, _ = entropy_lib.entropy_bonus(entropy, mask, aggregation=hp.aggregation,
+                                         normalizer=hp.normalizer)
+    loss = loss - hp.entropy_coef * bonus
+  metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
+  metrics["loss"] = loss
+  return loss, metrics

@@ -1,0 +1,130 @@
+"""One-turn rollouts: task examples -> prompts -> tokens -> sampled completions -> Trajectory.
+
+The K = 1 case of a rollout: the prompt, then one completion. Sampling is
+kept apart from rewarding: `sample` returns the episodes with zero rewards,
+and the caller scores the decoded completions (`types.with_outcome`), so
+evaluation and training share this path and only training pays for rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents import types
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+
+@dataclasses.dataclass
+class Samples:
+  """Sampled episodes with their text.
+
+  Attributes:
+    traj: the Trajectory (device arrays), B = P * G rows, prompt-major, its
+      columns after the prompt trimmed to `trimmed_width`; rewards zero.
+    examples: the B task examples (each prompt's repeated G times).
+    prompts: the B user messages.
+    completions: the B decoded completions.
+  """
+
+  traj: types.Trajectory
+  examples: list[Mapping[str, Any]]
+  prompts: list[str]
+  completions: list[str]
+
+
+def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list[str]:
+  """The user message of each example: `template` formatted with the example's fields."""
+  out = []
+  for i, ex in enumerate(examples):
+    try:
+      out.append(template.format(**ex))
+    except KeyError as e:
+      raise KeyError(f"prompt template {template!r} needs field {e} missing from example {i} "
+                     f"(fields: {sorted(ex)})") from None
+  return out
+
+
+def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
+           multiple: int = 16) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded int32[B, Lp] prompt tokens and mask, Lp rounded up to a multiple of 16.
+
+  A task's prompts vary by a few tokens, so multiples of 16 give one or two
+  shapes (compilations) per run while padding far less than powers of two
+  (a 46-token SmolLM2 chat prompt pads to 48, not 64).
+  """
+  ids = tokenizer_lib.encode_prompts(tokenizer, prompts, chat, system)
+  return _pad_to_multiple(ids, tokenizer.pad_token_id, multiple)
+
+
+def _pad_to_multiple(ids: list[list[int]], pad_id: int, multiple: int):
+  length = -(-max(len(s) for s in ids) // multiple) * multiple
+  return tokenizer_lib.pad_left(ids, pad_id, length)
+
+
+def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int, multiple: int = 16
+                       ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+  """(shared prefix or None, suffix tokens, suffix mask) of `encode`'s prompts for `generate`.
+
+  The chat template's system prompt starts every prompt: the sampler prefills
+  it once for the batch (`prefix_tokens`) and the rows only their own part.
+  """
+  ids = [row[m].tolist() for row, m in zip(tokens, mask, strict=True)]
+  prefix, suffixes = sampler_lib.split_shared_prefix(ids)
+  if not prefix:
+    return None, tokens, mask
+  return np.asarray(prefix, np.int32), *_pad_to_multiple(suffixes, pad_id, multiple)
+
+
+def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) -> int:
+  """Completion columns the update needs: the longest completion, bucketed to a power of two.
+
+  The update costs in proportion to prompt + completion columns; short replies
+  in a 48-token budget would otherwise pay for 48. Power-of-two buckets keep
+  the number of update shapes (compilations) to a handful.
+  """
+  return min(max_new_tokens, sampler_lib.bucket(int(np.max(lengths)), minimum=minimum))
+
+
+def decode_completions(tokenizer, tokens: np.ndarray, lengths: np.ndarray,
+                       stop_tokens: Sequence[int]) -> list[str]:
+  """Completion texts without their stop token."""
+  texts = []
+  for row, n in zip(tokens, lengths, strict=True):
+    ids = [t for t in row[:n].tolist() if t not in stop_tokens]
+    texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+  return texts
+
+
+def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
+           group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
+           system: str | None) -> Samples:
+  """Samples `group_size` completions per example (one prefill per example).
+
+  Rows are example-major: rows [i * G, (i + 1) * G) are example i's group.
+  """
+  unique_prompts = format_prompts(examples, template)
+  unique_tokens, unique_mask = encode(model.tokenizer, unique_prompts, chat=chat, system=system)
+  prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
+                                                    model.tokenizer.pad_token_id)
+  out = sampler_lib.generate(params, model.cfg, jnp.asarray(gen_tokens), jnp.asarray(gen_mask),
+                             rng, sampling, samples_per_prompt=group_size,
+                             prefix_tokens=None if prefix is None else jnp.asarray(prefix))
+  host_tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  n = trimmed_width(lengths, sampling.max_new_tokens)
+  traj = types.single_turn(
+      jnp.asarray(np.repeat(unique_tokens, group_size, axis=0)),
+      jnp.asarray(np.repeat(unique_mask, group_size, axis=0)),
+      out.tokens[:, :n], out.mask[:, :n], out.sampling_logprobs[:, :n])
+  return Samples(
+      traj=traj,
+      examples=[ex for ex in examples for _ in range(group_size)],
+      prompts=[p for p in unique_prompts for _ in range(group_size)],
+      completions=decode_completions(model.tokenizer, host_tokens, lengths, sampling.stop_tokens))

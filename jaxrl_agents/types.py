@@ -1,0 +1,121 @@
+"""The pytrees that cross module boundaries, with the shape of every field.
+
+`Trajectory` is what every rollout produces and what scoring, advantage
+estimators and losses read: one token stream per episode (the prompt, then
+each turn's policy tokens and environment tokens in order) with masks that
+say which columns are real (`valid`, for attention) and which the policy
+sampled (`policy_mask`, for the loss). A single-turn rollout is the K = 1 case:
+prompt, then one completion.
+
+B: rows (episodes), T: stream columns, K: turns (at most), Lp: the prompt's
+columns (`prompt_width`, static).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class Trajectory:
+  """A batch of episodes as token streams.
+
+  Columns [0, prompt_width) hold the left-padded prompt: rows of one group
+  share it, and it holds no policy tokens (scoring runs it once per group and
+  computes vocabulary logits only for the columns after it). After it come
+  the turns, in fixed-width blocks whose unused columns are invalid.
+
+  Attributes:
+    tokens: int32[B, T] the stream.
+    valid: bool[B, T] real tokens (attention sees exactly these).
+    policy_mask: bool[B, T] tokens the policy sampled, and only those (the loss
+      mask); a subset of `valid`, False on the prompt and environment tokens.
+    turn_id: int32[B, T] the turn of each policy token, -1 elsewhere.
+    sampling_logprobs: f32[B, T] log-probability each policy token was drawn
+      with (the sampler's distribution); 0 elsewhere.
+    turn_rewards: f32[B, K] the reward of each turn (single-turn: the outcome).
+    turn_mask: bool[B, K] turns that happened.
+    prompt_width: Lp, static (`pytree_node=False`: it is a shape, and slicing
+      rows keeps it).
+  """
+
+  tokens: jax.Array
+  valid: jax.Array
+  policy_mask: jax.Array
+  turn_id: jax.Array
+  sampling_logprobs: jax.Array
+  turn_rewards: jax.Array
+  turn_mask: jax.Array
+  prompt_width: int = struct.field(pytree_node=False, default=0)
+
+  @property
+  def rewards(self) -> jax.Array:
+    """f32[B] the episode's return: the sum of its turns' rewards."""
+    return jnp.sum(jnp.where(self.turn_mask, self.turn_rewards, 0.0), axis=-1)
+
+  @property
+  def num_turns(self) -> int:
+    return self.turn_rewards.shape[1]
+
+  def check(self) -> Trajectory:
+    """Raises ValueError naming the field when shapes or masks disagree; returns self."""
+    b, t = self.tokens.shape
+    for name in ("valid", "policy_mask", "turn_id", "sampling_logprobs"):
+      if getattr(self, name).shape != (b, t):
+        raise ValueError(f"Trajectory.{name} has shape {getattr(self, name).shape}, "
+                         f"tokens {(b, t)}")
+    if self.turn_rewards.shape != self.turn_mask.shape or self.turn_rewards.shape[0] != b:
+      raise ValueError(f"Trajectory.turn_rewards {self.turn_rewards.shape} and turn_mask "
+                       f"{self.turn_mask.shape} must both be [B={b}, K]")
+    if not 0 < self.prompt_width < t:
+      raise ValueError(f"Trajectory.prompt_width {self.prompt_width} must be in (0, {t})")
+    policy = np.asarray(self.policy_mask)
+    if policy[:, :self.prompt_width].any():
+      raise ValueError("Trajectory.policy_mask marks prompt columns")
+    if (policy & ~np.asarray(self.valid)).any():
+      raise ValueError("Trajectory.policy_mask marks tokens that are not valid")
+    return self
+
+
+def single_turn(prompt_tokens, prompt_mask, completion_tokens, completion_mask,
+                sampling_logprobs, rewards=None) -> Trajectory:
+  """The K = 1 Trajectory of left-padded prompts [B, Lp] and right-padded completions [B, N].
+
+  `rewards` f32[B] (default zeros: sampling comes before rewarding; see
+  `with_outcome`).
+  """
+  b = prompt_tokens.shape[0]
+  no_policy = jnp.zeros(prompt_tokens.shape, bool)
+  completion_mask = jnp.asarray(completion_mask, bool)
+  return Trajectory(
+      tokens=jnp.concatenate([prompt_tokens, completion_tokens], axis=1).astype(jnp.int32),
+      valid=jnp.concatenate([jnp.asarray(prompt_mask, bool), completion_mask], axis=1),
+      policy_mask=jnp.concatenate([no_policy, completion_mask], axis=1),
+      turn_id=jnp.concatenate([jnp.full(prompt_tokens.shape, -1, jnp.int32),
+                               jnp.where(completion_mask, 0, -1).astype(jnp.int32)], axis=1),
+      sampling_logprobs=jnp.concatenate(
+          [jnp.zeros(prompt_tokens.shape, jnp.float32),
+           jnp.where(completion_mask, sampling_logprobs, 0.0).astype(jnp.float32)], axis=1),
+      turn_rewards=(jnp.zeros((b, 1), jnp.float32) if rewards is None
+                    else jnp.asarray(rewards, jnp.float32).reshape(b, 1)),
+      turn_mask=jnp.ones((b, 1), bool),
+      prompt_width=prompt_tokens.shape[1])
+
+
+def with_outcome(traj: Trajectory, rewards) -> Trajectory:
+  """The trajectory with f32[B] outcome rewards as its last (single-turn: only) turn's reward."""
+  rewards = jnp.asarray(rewards, jnp.float32)
+  if rewards.shape != (traj.tokens.shape[0],):
+    raise ValueError(f"rewards must be f32[B={traj.tokens.shape[0]}], got {rewards.shape}")
+  return traj.replace(turn_rewards=traj.turn_rewards.at[:, -1].set(rewards))
+
+
+def last_policy_token(policy_mask: jax.Array) -> jax.Array:
+  """bool[B, T]: True at each row's last policy token (where an outcome reward lands)."""
+  t = policy_mask.shape[1]
+  columns = jnp.arange(t)[None, :]
+  last = jnp.max(jnp.where(policy_mask, columns, -1), axis=1, keepdims=True)
+  return policy_mask & (columns == last)

@@ -1,0 +1,194 @@
+"""Every objective of the library selected from a config and run on the tiny preset."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import grpo, ppo
+from experiments.configs import grpo_arithmetic, ppo_arithmetic
+from jaxrl_agents import advantages, checkpointing, rl_loop, types
+from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.models import zoo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny(steps=2, **overrides):
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every, config.checkpoint_every = steps, 0, steps
+  for key, value in overrides.items():
+    node = config
+    *path, leaf = key.split(".")
+    for name in path:
+      node = node[name]
+    node[leaf] = value
+  return config
+
+
+def _train_records(workdir):
+  return [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+          if r["kind"] == "train"]
+
+
+def test_each_loss_gets_its_own_hyperparameters():
+  s = grpo.settings_from_config(_tiny(policy_loss="gspo"))
+  assert s.objective.loss_kwargs == (("eps_high", 4e-4), ("eps_low", 3e-4))
+  s = grpo.settings_from_config(_tiny())
+  assert dict(s.objective.loss_kwargs) == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
+  s = grpo.settings_from_config(_tiny(**{"loss_kwargs.ppo.dual_clip": 3.0}))
+  assert dict(s.objective.loss_kwargs)["dual_clip"] == 3.0
+  assert grpo.settings_from_config(_tiny(policy_loss="reinforce")).objective.loss_kwargs == ()
+  with pytest.raises(ValueError, match="does not take"):
+    config = _tiny()
+    config.loss_kwargs.ppo.eps_typo = 0.1
+    grpo.validate(config)
+
+
+@pytest.mark.parametrize("policy_loss", ["gspo", "reinforce", "cispo"])
+def test_other_policy_losses_run_with_the_shipped_config(tmp_path, policy_loss):
+  grpo.train(_tiny(policy_loss=policy_loss), str(tmp_path), progress=False)
+  records = _train_records(str(tmp_path))
+  assert len(records) == 2 and all(np.isfinite(r["loss"]) for r in records)
+
+
+def test_dual_clip_from_the_command_line(tmp_path):
+  config = os.path.join(REPO, "experiments", "configs", "grpo_arithmetic.py") + ":tiny"
+  cmd = [sys.executable, "-m", "experiments.grpo", f"--config={config}",
+         f"--workdir={tmp_path}", "--config.steps=1", "--config.eval_every=0",
+         "--config.loss_kwargs.ppo.dual_clip=3.0"]
+  out = subprocess.run(cmd, cwd=REPO, env={**os.environ, "XLA_FLAGS": ""},
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "dual_clip_frac" in _train_records(str(tmp_path))[0]
+
+
+@pytest.mark.parametrize("name, frac, metric", [("covariance_clip", 0.25, "dropped_frac"),
+                                                ("entropy_gate", 0.5, "kept_frac")])
+def test_token_controls_from_the_config(tmp_path, name, frac, metric):
+  grpo.train(_tiny(**{"token_control.name": name, "token_control.frac": frac}), str(tmp_path),
+             progress=False)
+  for r in _train_records(str(tmp_path)):
+    # floor / ceil of frac x the batch's policy tokens: within one token of frac.
+    assert abs(r[metric] - frac) < 0.05, r
+
+
+def test_forward_kl_starts_at_zero_and_stays_finite(tmp_path):
+  grpo.train(_tiny(kl_coef=0.1, kl_estimator="forward", steps=3), str(tmp_path), progress=False)
+  kl = [r["kl"] for r in _train_records(str(tmp_path))]
+  assert abs(kl[0]) < 1e-5  # the policy is the reference before the first update
+  assert all(np.isfinite(kl)) and kl[-1] > 0
+
+
+@pytest.mark.parametrize("controller", ["fixed", "adaptive", "accuracy"])
+def test_kl_controllers_move_the_coefficient_and_are_checkpointed(tmp_path, controller):
+  config = _tiny(steps=3, kl_coef=0.2, **{"kl_controller.name": controller,
+                                          "kl_controller.target": 1e-6,
+                                          "kl_controller.horizon": 12.0,
+                                          "kl_controller.beta_min": 0.05})
+  config.grader = "short_reply"  # an accuracy the tiny model reaches, for the "accuracy" rule
+  grpo.train(config, str(tmp_path), progress=False)
+  records = _train_records(str(tmp_path))
+  betas = [r["kl_coef"] for r in records]
+  if controller == "fixed":
+    np.testing.assert_allclose(betas, 0.2)
+  elif controller == "adaptive":
+    # beta <- beta (1 + clip((kl - target) / target, -0.2, 0.2) n / horizon), n = 12 rows.
+    assert betas[0] == pytest.approx(0.2)
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # on-policy first step: KL 0
+    for before, after, r in zip(betas, betas[1:], records, strict=False):
+      error = np.clip((r["kl"] - 1e-6) / 1e-6, -0.2, 0.2)
+      assert after == pytest.approx(before * (1 + error), rel=1e-5)
+    assert betas[1] == pytest.approx(0.16, rel=1e-5)
+  else:
+    # Starts at beta_min (accuracy 0), then beta_min + (beta_max - beta_min) acc^2.
+    assert betas[0] == pytest.approx(0.05) and records[0]["accuracy"] > 0
+    expected = 0.05 + 0.15 * records[0]["accuracy"] ** 2
+    assert betas[1] == pytest.approx(expected, rel=1e-5)
+  state = checkpointing.Checkpointer(str(tmp_path))._manager.restore(3)["state"]
+  assert "kl_ctl" in state and np.isfinite(np.asarray(state["kl_ctl"]["beta"]))
+
+
+def test_adaptive_controller_needs_a_coefficient_and_a_long_enough_horizon():
+  with pytest.raises(ValueError, match="set kl_coef > 0"):
+    grpo.validate(_tiny(**{"kl_controller.name": "adaptive"}))
+  with pytest.raises(ValueError, match="horizon 5.0 is shorter than the 12 samples"):
+    grpo.validate(_tiny(kl_coef=0.1, **{"kl_controller.name": "adaptive",
+                                        "kl_controller.horizon": 5.0}))
+
+
+def test_gdpo_normalizes_each_reward_component_in_its_group(tmp_path):
+  config = _tiny(advantage="gdpo")
+  s = grpo.settings_from_config(config)
+  assert s.component_weights == (("math_strict", 1.0), ("short_reply", 0.2))
+  rng = np.random.default_rng(0)
+  b, g = config.prompts_per_step * config.group_size, config.group_size
+  components = {"math_strict": rng.integers(0, 2, b).astype(np.float32),
+                "short_reply": rng.integers(0, 2, b).astype(np.float32)}
+  total = components["math_strict"] + 0.2 * components["short_reply"]
+  traj = types.single_turn(jnp.ones((b, 2), jnp.int32), jnp.ones((b, 2), bool),
+                           jnp.ones((b, 3), jnp.int32), jnp.ones((b, 3), bool), jnp.zeros((b, 3)))
+  r = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+                      rewards=total, components=components, correct=np.zeros(b, np.float32))
+  _, adv, _ = grpo.group_advantages(s, r)
+  stacked = np.stack([components["math_strict"], components["short_reply"]], -1)
+  expected = advantages.gdpo_advantages(jnp.asarray(stacked.reshape(-1, g, 2)),
+                                        jnp.asarray([1.0, 0.2]))
+  np.testing.assert_allclose(adv, np.ravel(expected), rtol=1e-6)
+  grpo.train(config, str(tmp_path), progress=False)
+  assert all(np.isfinite(r["loss"]) for r in _train_records(str(tmp_path)))
+
+
+@pytest.mark.parametrize("combinator", ["lexicographic", "gated"])
+def test_reward_combinators_from_the_config(tmp_path, combinator):
+  config = _tiny(**{"reward_combinator.name": combinator, "reward_combinator.threshold": 1.0})
+  config.sample_every, config.samples_per_log = 1, 100
+  grpo.train(config, str(tmp_path), progress=False)
+  samples = [s for s in metrics_lib.read_jsonl(os.path.join(str(tmp_path), "samples.jsonl"))
+             if s["kind"] == "train"]
+  assert samples
+  for s in samples:
+    strict, short = s["reward/math_strict"], s["reward/short_reply"]
+    if combinator == "lexicographic":  # weights 2/3 and 1/3: strict dominates
+      expected = (2 * strict + short) / 3
+    else:  # short_reply counts only where math_strict passes
+      expected = 1.0 * strict + 0.2 * short * (strict >= 1.0)
+    assert s["reward"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_unknown_combinator_is_named():
+  with pytest.raises(ValueError, match="reward_combinator must be one of"):
+    grpo.validate(_tiny(**{"reward_combinator.name": "product"}))
+
+
+def test_ppo_critic_learns_at_its_own_rate():
+  model = zoo.load("tiny")
+
+  def one_update(critic_rate):
+    config = ppo_arithmetic.get_config("tiny")
+    config.critic_optimizer.learning_rate = critic_rate
+    algorithm = ppo.PPO(config, model.cfg)
+    state = algorithm.init_state(jax.tree.map(jnp.copy, model.params), jax.random.key(0))
+    b = config.prompts_per_step * config.group_size
+    traj = types.with_outcome(types.single_turn(
+        jnp.full((b, 4), 5, jnp.int32), jnp.ones((b, 4), bool), jnp.full((b, 3), 7, jnp.int32),
+        jnp.ones((b, 3), bool), jnp.zeros((b, 3))), jnp.arange(b, dtype=jnp.float32))
+    r = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+                        rewards=np.arange(b, dtype=np.float32), components={},
+                        correct=np.zeros(b, np.float32))
+    batch = algorithm.prepare(state, r, jax.random.key(1))
+    state, _ = algorithm.update(state, batch, jax.random.key(2), 0.0)
+    return state.params
+
+  slow, fast = one_update(1e-6), one_update(1e-2)
+  for a, b in zip(jax.tree.leaves(slow["policy"]), jax.tree.leaves(fast["policy"]), strict=True):
+    np.testing.assert_array_equal(a, b)
+  head_change = [float(jnp.abs(a - b).max()) for a, b in
+                 zip(jax.tree.leaves(slow["value_head"]), jax.tree.leaves(fast["value_head"]),
+                     strict=True)]
+  assert max(head_change) > 1e-4
+
