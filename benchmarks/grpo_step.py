@@ -102,7 +102,7 @@ def main() -> None:
         jnp.zeros(completion.shape))
     zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
     batch = grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
-                           old_logp=zeros, ref_logp=zeros)
+                           old_logp=zeros, ref_logp=zeros, correct=jnp.zeros(p * g))
     row = {}
     for share in (False, True):
       config.share_prompt = share

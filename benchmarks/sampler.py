@@ -36,6 +36,7 @@ import cpu_info
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import transformer, zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.rollout import shapes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NEW_TOKENS = 64
@@ -78,7 +79,7 @@ def ours_runner(model, ids, dtype, bs, shared_prefix=True):
   prefix, rest = [], ids[:bs]
   if shared_prefix:
     prefix, rest = sampler_lib.split_shared_prefix(rest)
-  length = sampler_lib.bucket(max(len(s) for s in rest))
+  length = shapes.power_of_two(max(len(s) for s in rest))
   tokens, mask = tokenizer_lib.pad_left(rest, model.tokenizer.pad_token_id, length)
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
   prefix = jnp.asarray(prefix, jnp.int32) if prefix else None

@@ -27,6 +27,11 @@ def validate_common(config) -> None:
   for name in config.rewards:
     registry.get("reward", name)
   make_rewards(config)  # options and the combinator
+  shaping = config.get("reward_shaping", None)
+  if shaping and shaping.name not in ("none", "par"):
+    raise ValueError(f"reward_shaping.name must be 'none' or 'par', got {shaping.name!r}")
+  if shaping and shaping.name == "par" and shaping.references < 1:
+    raise ValueError(f"reward_shaping.references must be >= 1, got {shaping.references}")
   registry.get("reward", config.grader)
   if config.model not in zoo.names() and not config.model.endswith((".gguf",)):
     import os

@@ -35,7 +35,6 @@ from jaxrl_agents import advantages as advantages_lib
 from jaxrl_agents import losses, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
-from jaxrl_agents.losses.aggregation import masked_mean
 from jaxrl_agents.models import heads, transformer
 from jaxrl_agents.rollout import scoring
 
@@ -131,9 +130,7 @@ def gae_targets(s: PPOSettings, traj: types.Trajectory, old_logp, old_values, re
   adv, returns = advantages_lib.generalized_advantage_estimation(
       token_rewards, old_values, last, gamma=s.gamma, lam=s.gae_lambda)
   if s.normalize_advantages:
-    mean = masked_mean(adv, mask)
-    std = jnp.sqrt(masked_mean(jnp.square(adv - mean), mask))
-    adv = (adv - mean) / (std + 1e-6)
+    adv = advantages_lib.standardize(adv, mask)
   return jnp.where(mask, adv, 0.0), returns
 
 

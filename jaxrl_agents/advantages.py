@@ -94,8 +94,21 @@ def rloo_advantages(rewards: jax.Array) -> jax.Array:
   return rewards - loo_mean
 
 
-def _whiten(x: jax.Array, eps: float) -> jax.Array:
-  return (x - x.mean()) / (x.std() + eps)
+def standardize(x: jax.Array, mask: jax.Array | None = None, eps: float = 1e-6) -> jax.Array:
+  """(x - mean) / (std + eps) over the whole batch (the entries where `mask` holds).
+
+  The batch normalization of advantages (REINFORCE++, GDPO's final step, PPO's
+  token advantages): population statistics (ddof = 0). Entries outside the
+  mask are standardized with the same statistics; callers zero them if needed.
+  Group estimators normalize within groups instead (`group_normalized_advantages`).
+  """
+  if mask is None:
+    return (x - x.mean()) / (x.std() + eps)
+  m = mask.astype(x.dtype)
+  n = jnp.maximum(m.sum(), 1.0)
+  mean = (x * m).sum() / n
+  std = jnp.sqrt((jnp.square(x - mean) * m).sum() / n)
+  return (x - mean) / (std + eps)
 
 
 @registry.register("group_advantage", "reinforce_pp")
@@ -121,7 +134,7 @@ def reinforce_pp_advantages(
   """
   _check_groups(rewards, min_group=2 if group_baseline else 1)
   a = rewards - rewards.mean(axis=1, keepdims=True) if group_baseline else rewards
-  return _whiten(a, eps)
+  return standardize(a, eps=eps)
 
 
 @registry.register("group_advantage", "reinforce_pp_baseline")
@@ -172,7 +185,7 @@ def gdpo_advantages(
   per_component = jax.vmap(
       lambda r: group_normalized_advantages(r, eps=eps), in_axes=2, out_axes=2)(rewards)
   combined = (per_component * weights).sum(axis=2)
-  return _whiten(combined, eps) if batch_normalize else combined
+  return standardize(combined, eps=eps) if batch_normalize else combined
 
 
 @registry.register("token_advantage", "gae")

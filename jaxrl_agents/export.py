@@ -16,7 +16,7 @@ import os
 import sys
 
 from jaxrl_agents import checkpointing
-from jaxrl_agents.models import checkpoints, zoo
+from jaxrl_agents.models import weights, zoo
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,13 +40,13 @@ def main(argv=None) -> int:
   if args.workdir:
     params, meta, step = checkpointing.latest_policy_params(args.workdir)
     model = zoo.load(args.model or meta["config"]["model"])
-    checkpoints.check_params(params, model.cfg)
+    weights.check_params(params, model.cfg)
     model.params = params
     source = f"{args.workdir} (step {step})"
   else:
     model = zoo.load(args.model or zoo.DEFAULT_MODEL)
     source = model.name
-  checkpoints.save_hf_dir(model.params, model.cfg, args.out, tokenizer=model.tokenizer)
+  weights.save_hf_dir(model.params, model.cfg, args.out, tokenizer=model.tokenizer)
   logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
   return 0
 

@@ -25,9 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import harness, types
+from jaxrl_agents import credit, harness, types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
@@ -88,6 +89,25 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
                  completions=s.completions, rewards=total,
                  components={k: np.asarray(v, np.float32) for k, v in components.items()},
                  correct=np.asarray(grader(s.completions, s.examples), np.float32))
+
+
+def par_shaped(r: Rollout, reference_rewards: np.ndarray, group_size: int) -> Rollout:
+  """The rollout with PAR-shaped rewards: mean_m sigmoid(r - r_ref_m) over M reference replies.
+
+  "Reward Shaping to Mitigate Reward Hacking in RLHF" (Preference As Reward,
+  `credit.par_sigmoid_shaping`): the RL reward is the win probability against
+  replies of the reference policy to the same prompt, bounded in (0, 1) and
+  centred on the reference. The raw total is kept as the component "unshaped".
+
+  Args:
+    r: the rollout (groups of `group_size` rows per prompt).
+    reference_rewards: f32[P, M] total rewards of M reference replies per prompt.
+    group_size: G.
+  """
+  refs = np.repeat(np.asarray(reference_rewards, np.float32), group_size, axis=0)
+  shaped = np.asarray(credit.par_sigmoid_shaping(jnp.asarray(r.rewards), jnp.asarray(refs)))
+  return dataclasses.replace(r, traj=types.with_outcome(r.traj, shaped), rewards=shaped,
+                             components={**r.components, "unshaped": r.rewards})
 
 
 def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[str, float]:
@@ -195,13 +215,25 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
       pad_id=model.tokenizer.pad_token_id)
   prompt_kwargs = dict(template=config.prompt_template, chat=config.chat,
                        system=config.get("system_prompt") or None)
+  shaping = config.get("reward_shaping", None)
+  # PAR's references come from the initial policy, kept apart: the train state
+  # may donate (and so delete) the initial params at its first update.
+  par_references = shaping.references if shaping and shaping.name == "par" else 0
+  reference_params = jax.tree.map(jnp.copy, model.params) if par_references else None
 
   def train_step(state, rng, progress_fraction):
     rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
     t0 = time.perf_counter()
-    r = rollout(algorithm.policy_params(state), model, next(train_data), rollout_rng,
+    examples = next(train_data)
+    r = rollout(algorithm.policy_params(state), model, examples, rollout_rng,
                 group_size=config.group_size, sampling=sampling, reward_fn=reward_fn,
                 grader=grader, **prompt_kwargs)
+    if par_references:
+      ref = single_turn.sample(reference_params, model, examples, jax.random.fold_in(rng, 7),
+                               group_size=par_references, sampling=sampling, **prompt_kwargs)
+      ref_total, _ = reward_fn(ref.completions, ref.examples)
+      r = par_shaped(r, np.reshape(ref_total, (len(examples), par_references)),
+                     config.group_size)
     t1 = time.perf_counter()
     batch = algorithm.prepare(state, r, prepare_rng)
     state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)

@@ -191,3 +191,15 @@ def test_shape_errors_name_the_argument():
                                          jnp.zeros((2, 3), bool))
   with pytest.raises(KeyError, match="grpo"):
     registry.get("group_advantage", "grpoo")
+
+
+def test_standardize_uses_only_the_masked_entries():
+  x = jnp.array([[1.0, 3.0, 100.0], [5.0, -50.0, 7.0]])
+  mask = jnp.array([[True, True, False], [True, False, True]])
+  out = np.asarray(adv.standardize(x, mask, eps=0.0))
+  # The masked values 1, 3, 5, 7: mean 4, population variance (9 + 1 + 1 + 9) / 4 = 5.
+  np.testing.assert_allclose(out[np.asarray(mask)], (np.array([1, 3, 5, 7]) - 4) / np.sqrt(5),
+                             rtol=1e-6)
+  flat = np.asarray(x).ravel()
+  np.testing.assert_allclose(adv.standardize(jnp.asarray(flat), eps=0.0),
+                             (flat - flat.mean()) / flat.std(), rtol=1e-5)

@@ -15,7 +15,7 @@ import grain
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxrl_agents import data
+from jaxrl_agents import data, rewards
 from jaxrl_agents.data import arithmetic, countdown
 
 ARITHMETIC_SIZES = {  # config: (train, test), as documented in arithmetic.py
@@ -217,7 +217,7 @@ def test_countdown_parenthesized_parts_are_positive_integers():
   train, test = countdown.count_splits(4)
   for instance in train[:500] + test[:100]:
     for inner in re.findall(r"\(([^()]*)\)", instance.solution):
-      value = countdown.evaluate_expression(inner)
+      value, _ = rewards.evaluate_expression(inner)
       assert value.denominator == 1 and value > 0, instance
 
 
@@ -235,14 +235,14 @@ def test_countdown_splits_disjoint_across_configs():
     assert {len(i.numbers) for i in train + test} == {count}
 
 
-def test_evaluate_expression_is_exact_and_refuses_code():
-  assert countdown.evaluate_expression("(25 - 5) * 3 / 4") == 15
-  assert countdown.evaluate_expression("7 / 2") == Fraction(7, 2)
-  assert countdown.numbers_in("(25 - 5) * 3 / 4") == [25, 5, 3, 4]
-  for bad in ("__import__('os').system('true')", "2 ** 3", "-3 + 4", "1.5 + 1", "x + 1",
-              "1 / (2 - 2)", "1 +", "True + 1", "[1][0]"):
-    with pytest.raises(ValueError):
-      countdown.evaluate_expression(bad)
+def test_reference_solutions_pass_the_one_countdown_verifier():
+  """The generator's solutions are scored by the same verifier as the model's replies."""
+  train, test = countdown.count_splits(4)
+  for instance in train[:200] + test[:50]:
+    example = {"numbers": list(instance.numbers), "target": instance.target}
+    assert rewards.countdown_reward([f"<answer>{instance.solution}</answer>"], [example]) == [1.0]
+    value, used = rewards.evaluate_expression(instance.solution)
+    assert value == instance.target and sorted(used) == sorted(instance.numbers)
 
 
 # ----------------------------------------------------------------------------

@@ -192,3 +192,26 @@ def test_ppo_critic_learns_at_its_own_rate():
                      strict=True)]
   assert max(head_change) > 1e-4
 
+
+
+def test_par_shaping_by_hand():
+  b = 4
+  traj = types.single_turn(jnp.ones((b, 2), jnp.int32), jnp.ones((b, 2), bool),
+                           jnp.ones((b, 3), jnp.int32), jnp.ones((b, 3), bool), jnp.zeros((b, 3)))
+  rewards = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
+  r = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+                      rewards=rewards, components={"x": rewards}, correct=rewards)
+  shaped = rl_loop.par_shaped(r, np.array([[0.0, 1.0], [1.0, 1.0]]), group_size=2)
+  sig = lambda z: 1 / (1 + np.exp(-z))
+  expected = [(sig(1) + sig(0)) / 2, (sig(0) + sig(-1)) / 2, sig(0), sig(0)]
+  np.testing.assert_allclose(shaped.rewards, expected, rtol=1e-6)
+  np.testing.assert_allclose(shaped.traj.rewards, expected, rtol=1e-6)
+  np.testing.assert_array_equal(shaped.components["unshaped"], rewards)
+
+
+def test_par_from_the_config(tmp_path):
+  config = _tiny(**{"reward_shaping.name": "par", "reward_shaping.references": 2})
+  config.grader, config.rewards = "short_reply", {"short_reply": 1.0}
+  grpo.train(config, str(tmp_path), progress=False)
+  for r in _train_records(str(tmp_path)):
+    assert "reward/unshaped_mean" in r and 0.0 < r["reward_mean"] < 1.0

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents.models import checkpoints, transformer, zoo
 from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import transformer, weights, zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 torch = pytest.importorskip("torch")
@@ -40,7 +40,7 @@ def _theirs(hf_model, tokens, mask):
 def test_tiny_presets_match_transformers(tmp_path, name):
   """Random weights exported to HF format: transformers and our model agree."""
   model = zoo.load(name)
-  checkpoints.save_hf_dir(model.params, model.cfg, str(tmp_path), tokenizer=model.tokenizer)
+  weights.save_hf_dir(model.params, model.cfg, str(tmp_path), tokenizer=model.tokenizer)
   hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
   assert type(hf).__name__ == ("Qwen2ForCausalLM" if model.cfg.qkv_bias else "LlamaForCausalLM")
   rng = np.random.default_rng(0)
@@ -109,7 +109,7 @@ def test_smollm2_tokenizer_matches_transformers(smollm2, hf_smollm2):
 @pytest.mark.slow
 def test_smollm2_export_loads_in_transformers(smollm2, hf_smollm2, tmp_path):
   hf_gguf, _ = hf_smollm2
-  checkpoints.save_hf_dir(smollm2.params, smollm2.cfg, str(tmp_path), smollm2.tokenizer)
+  weights.save_hf_dir(smollm2.params, smollm2.cfg, str(tmp_path), smollm2.tokenizer)
   exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
                                                                dtype=torch.float32)
   tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))

@@ -211,7 +211,9 @@ def test_countdown_repeated_numbers_and_exact_division():
     ("__import__('os')", "characters"),
     ("2**100", "Pow"),
     ("7 // 2", "FloorDiv"),
-    ("+3", "UAdd"),
+    ("+3", "UnaryOp"),
+    ("-3 + 4", "UnaryOp"),
+    ("-(3 - 5)", "UnaryOp"),
     ("1 / 0", "division by zero"),
     ("1" * 7, "digits"),
     ("1+" * 120 + "1", "more than 200"),
@@ -224,8 +226,9 @@ def test_safe_parser_rejects_with_a_reason(expression, reason):
 
 
 def test_safe_parser_values_and_numbers():
-  value, used = rewards.evaluate_expression("-(3 - 5) * (1 / 3) * 3")
-  assert value == Fraction(2) and used == (3, 5, 1, 3, 3)
+  value, used = rewards.evaluate_expression("(5 - 3) * (1 / 3) * 3")
+  assert value == Fraction(2) and used == (5, 3, 1, 3, 3)
+  assert rewards.evaluate_expression("7 / 2")[0] == Fraction(7, 2)
   assert rewards.extract_expression("x\n(1 + 2) * 3 = 9\nDone.") == ("(1 + 2) * 3", 9)
   assert rewards.extract_expression("<answer>just words</answer>\n1 + 2") is None
 

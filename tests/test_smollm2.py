@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents.models import checkpoints, transformer, zoo
 from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import transformer, weights, zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
@@ -64,7 +64,7 @@ def test_greedy_generation_matches_transformers_fixture(smollm2):
 
 def test_gguf_and_hf_directory_agree(smollm2):
   """The cached HF directory and a direct GGUF load give the same weights."""
-  params, cfg = checkpoints.load_gguf(zoo.smollm2_gguf_path())
+  params, cfg = weights.load_gguf(zoo.smollm2_gguf_path())
   assert cfg == smollm2.cfg
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(smollm2.params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

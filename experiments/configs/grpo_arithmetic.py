@@ -45,6 +45,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # decides, then the second...; components in [0, 1] at least `min_gap` apart) or
   # "gated" (the second counts only where the first is >= `threshold`).
   c.reward_combinator = ml_collections.ConfigDict(dict(name="sum", min_gap=1.0, threshold=1.0))
+  # "par" (Preference As Reward): the training reward becomes mean_m sigmoid(r - r_m) over
+  # `references` replies of the initial policy to the same prompt (sampled each step).
+  c.reward_shaping = ml_collections.ConfigDict(dict(name="none", references=2))
 
   # Rollout.
   c.steps = 50

@@ -14,7 +14,7 @@ Builders (no TensorFlow needed; array_record files read as random-access sources
 """
 
 from jaxrl_agents.data.arithmetic import Arithmetic, ArithmeticConfig
-from jaxrl_agents.data.countdown import Countdown, CountdownConfig, evaluate_expression, numbers_in
+from jaxrl_agents.data.countdown import Countdown, CountdownConfig
 from jaxrl_agents.data.jsonl import load_jsonl
 from jaxrl_agents.data.loader import make_loader
 from jaxrl_agents.data.tasks import (
@@ -34,11 +34,9 @@ __all__ = [
     "CountdownConfig",
     "TaskSource",
     "default_data_dir",
-    "evaluate_expression",
     "load_jsonl",
     "load_task",
     "make_loader",
-    "numbers_in",
     "prepare",
     "task_names",
 ]

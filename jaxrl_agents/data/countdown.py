@@ -26,17 +26,15 @@ deduplicated by (sorted numbers, target); the first 500 distinct ones are test,
 the next 5000 train. `mixed` takes the first half of each count's train and test,
 so a test instance of any config is never a train instance of any config.
 
-`evaluate_expression` checks an answer without `eval`: it parses with `ast` and
-accepts only integer literals, + - * / and parentheses, computing with Fractions.
+Answers are checked by the one countdown verifier, `jaxrl_agents.rewards.countdown`
+(no `eval`: a whitelisted `ast` parse, exact Fractions).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import random
-from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -128,52 +126,6 @@ def count_splits(count: int) -> tuple[tuple[Instance, ...], tuple[Instance, ...]
       seen.add(key)
       instances.append(instance)
   return tuple(instances[TEST_SIZE:]), tuple(instances[:TEST_SIZE])
-
-
-def evaluate_expression(expression: str) -> Fraction:
-  """Exact value of an arithmetic expression of integers, + - * / and parentheses.
-
-  Args:
-    expression: e.g. "(12 - 7) * 3". Unary signs, names, calls, powers and
-      non-integer literals are rejected.
-
-  Returns:
-    The value as a Fraction (division is exact).
-
-  Raises:
-    ValueError: the expression is malformed, uses anything else, or divides by zero.
-  """
-  try:
-    tree = ast.parse(expression, mode="eval")
-  except SyntaxError as e:
-    raise ValueError(f"not an expression: {expression!r}") from e
-  ops = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__,
-         ast.Div: Fraction.__truediv__}
-
-  def value(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-      return Fraction(node.value)
-    if isinstance(node, ast.BinOp) and type(node.op) in ops:
-      left, right = value(node.left), value(node.right)
-      if isinstance(node.op, ast.Div) and right == 0:
-        raise ValueError(f"division by zero in {expression!r}")
-      return ops[type(node.op)](left, right)
-    raise ValueError(f"{ast.dump(node)} is not allowed in {expression!r}; only integers, "
-                     "+ - * / and parentheses")
-
-  return value(tree.body)
-
-
-def numbers_in(expression: str) -> list[int]:
-  """The integer literals of `expression`, left to right (for the use-each-once check)."""
-  try:
-    tree = ast.parse(expression, mode="eval")
-  except SyntaxError as e:
-    raise ValueError(f"not an expression: {expression!r}") from e
-  # ast.walk is breadth-first; sort by source position to get reading order.
-  literals = [n for n in ast.walk(tree) if isinstance(n, ast.Constant)]
-  literals.sort(key=lambda n: (n.lineno, n.col_offset))
-  return [n.value for n in literals if type(n.value) is int]
 
 
 @dataclasses.dataclass(eq=False)

@@ -157,3 +157,12 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = No
       tokens[i, length - len(s):] = s
       mask[i, length - len(s):] = True
   return tokens, mask
+
+
+def decode_completions(tok, tokens, lengths, stop_tokens: Sequence[int]) -> list[str]:
+  """Texts of completions int[B, N] with `lengths` tokens each, without their stop token."""
+  texts = []
+  for row, n in zip(np.asarray(tokens), np.asarray(lengths), strict=True):
+    ids = [t for t in row[:n].tolist() if t not in stop_tokens]
+    texts.append(tok.decode(ids, skip_special_tokens=True))
+  return texts

@@ -38,8 +38,8 @@ import jax
 import numpy as np
 
 from jaxrl_agents import registry
-from jaxrl_agents.models import checkpoints, transformer
 from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import transformer, weights
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,11 @@ def smollm2_gguf_path() -> str:
 def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
   """Dequantizes a GGUF file once into a Hugging Face directory (atomic)."""
   log.info("converting %s to %s", gguf_path, out_dir)
-  params, cfg = checkpoints.load_gguf(gguf_path)
+  params, cfg = weights.load_gguf(gguf_path)
   tok = tokenizer_lib.tokenizer_from_gguf(gguf_path)
   partial = out_dir + ".partial"
   shutil.rmtree(partial, ignore_errors=True)
-  checkpoints.save_hf_dir(params, cfg, partial, tokenizer=tok)
+  weights.save_hf_dir(params, cfg, partial, tokenizer=tok)
   shutil.rmtree(out_dir, ignore_errors=True)
   os.replace(partial, out_dir)
 
@@ -157,13 +157,13 @@ def names() -> list[str]:
 
 
 def load_dir(path: str, name: str | None = None) -> Model:
-  params, cfg = checkpoints.load_hf_dir(path)
+  params, cfg = weights.load_hf_dir(path)
   tok = tokenizer_lib.load_tokenizer(path)
   return Model(params=params, cfg=cfg, tokenizer=tok, name=name or path)
 
 
 def load_gguf_file(path: str) -> Model:
-  params, cfg = checkpoints.load_gguf(path)
+  params, cfg = weights.load_gguf(path)
   return Model(params=params, cfg=cfg, tokenizer=tokenizer_lib.tokenizer_from_gguf(path),
                name=path)
 

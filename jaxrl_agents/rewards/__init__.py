@@ -21,7 +21,19 @@ registers them under kind "reward":
 `(total f32[B], {component: f32[B]})` for logging.
 """
 
-from jaxrl_agents.rewards import countdown, format, length, math
+from jaxrl_agents.rewards import answers, countdown, formatting, length
+from jaxrl_agents.rewards.answers import (
+    extract_boxed,
+    last_integer,
+    last_integer_reward,
+    last_number,
+    lenient_answer,
+    math_lenient_reward,
+    math_strict_reward,
+    numbers_equal,
+    parse_number,
+    strict_answer,
+)
 from jaxrl_agents.rewards.combine import (
     CombinedReward,
     Gated,
@@ -41,24 +53,12 @@ from jaxrl_agents.rewards.countdown import (
     extract_expression,
     parse_expression,
 )
-from jaxrl_agents.rewards.format import (
+from jaxrl_agents.rewards.formatting import (
     format_answer_only_reward,
     format_boxed_reward,
     short_reply_reward,
 )
 from jaxrl_agents.rewards.length import length_penalty_reward
-from jaxrl_agents.rewards.math import (
-    extract_boxed,
-    last_integer,
-    last_integer_reward,
-    last_number,
-    lenient_answer,
-    math_lenient_reward,
-    math_strict_reward,
-    numbers_equal,
-    parse_number,
-    strict_answer,
-)
 
 __all__ = [
     "CombinedReward",
@@ -67,6 +67,7 @@ __all__ = [
     "Lexicographic",
     "ParsedExpression",
     "WeightedSum",
+    "answers",
     "combine",
     "countdown",
     "countdown_format_reward",
@@ -74,7 +75,7 @@ __all__ = [
     "evaluate_expression",
     "extract_boxed",
     "extract_expression",
-    "format",
+    "formatting",
     "format_answer_only_reward",
     "format_boxed_reward",
     "from_config",
@@ -86,7 +87,6 @@ __all__ = [
     "length_penalty_reward",
     "lenient_answer",
     "lexicographic",
-    "math",
     "math_lenient_reward",
     "math_strict_reward",
     "numbers_equal",

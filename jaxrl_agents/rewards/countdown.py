@@ -3,8 +3,9 @@
 Model output is never passed to eval/exec. An expression is first restricted
 to digits, whitespace, + - * / and parentheses, then parsed with
 `ast.parse(mode="eval")` (which only parses) and accepted only if every node
-is a BinOp with Add/Sub/Mult/Div, a UnaryOp USub, or an int Constant; "**",
-"//", "%", names, calls and attributes are all rejected. Literals are capped at
+is a BinOp with Add/Sub/Mult/Div or an int Constant (the game's rules: binary
++ - * / between the given numbers); unary signs, "**", "//", "%", names, calls
+and attributes are all rejected. Literals are capped at
 `MAX_LITERAL_DIGITS` digits and expressions at `MAX_EXPRESSION_CHARS`
 characters, which bounds the size of every intermediate value, and arithmetic
 is exact (`fractions.Fraction`), so (1 / 3) * 3 is 1 and 1 / 0 is invalid.
@@ -92,10 +93,6 @@ def _check_node(node: ast.AST, numbers: list[int]) -> None:
       raise ExpressionError(f"operator {type(node.op).__name__} is not allowed")
     _check_node(node.left, numbers)
     _check_node(node.right, numbers)
-  elif isinstance(node, ast.UnaryOp):
-    if not isinstance(node.op, ast.USub):
-      raise ExpressionError(f"unary operator {type(node.op).__name__} is not allowed")
-    _check_node(node.operand, numbers)
   elif isinstance(node, ast.Constant) and type(node.value) is int:
     if node.value >= 10**MAX_LITERAL_DIGITS:
       raise ExpressionError(f"literal {node.value} has more than {MAX_LITERAL_DIGITS} digits")
@@ -116,8 +113,6 @@ def evaluate(parsed: ParsedExpression) -> Fraction:
 def _evaluate_node(node: ast.AST) -> Fraction:
   if isinstance(node, ast.Constant):
     return Fraction(node.value)
-  if isinstance(node, ast.UnaryOp):
-    return -_evaluate_node(node.operand)
   assert isinstance(node, ast.BinOp), "parse_expression admits no other node"
   left, right = _evaluate_node(node.left), _evaluate_node(node.right)
   if isinstance(node.op, ast.Add):

@@ -15,14 +15,13 @@ plus next-token logits and positions), composable under jit and inside
 
 `Sampler` is the host-side wrapper: chat templating, tokenization, shape
 bucketing (prompt length, batch, max new tokens rounded up so a run compiles a
-handful of programs) and detokenization.
+handful of programs; see `shapes`) and detokenization.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -31,6 +30,7 @@ import numpy as np
 
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import transformer
+from jaxrl_agents.rollout import shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,7 +431,7 @@ def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Arra
   return decode(params, cfg, context, rng, sampling, max_steps)[0]
 
 
-def split_shared_prefix(ids: list[list[int]], multiple: int = 8
+def split_shared_prefix(ids: list[list[int]], multiple: int = shapes.PREFIX_MULTIPLE
                         ) -> tuple[list[int], list[list[int]]]:
   """(prefix, suffixes): the token prefix all prompts share, and what follows it in each.
 
@@ -449,7 +449,7 @@ def split_shared_prefix(ids: list[list[int]], multiple: int = 8
   common = 0
   while common < shortest - 1 and all(s[common] == ids[0][common] for s in ids):
     common += 1
-  common -= common % multiple
+  common = shapes.prefix_width(common, multiple)
   return list(ids[0][:common]), [list(s[common:]) for s in ids]
 
 
@@ -459,11 +459,6 @@ def decoding_params(params, rows: int):
   (`transformer.fuse_projections`); more rows gained nothing from them. Stacking
   copies the weights, so prepare this once, outside repeated calls."""
   return transformer.fuse_projections(params) if rows == 1 else params
-
-
-def bucket(n: int, minimum: int = 16) -> int:
-  """Rounds n up to the next power of two (at least `minimum`), so shapes repeat."""
-  return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
 
 
 class Sampler:
@@ -483,7 +478,7 @@ class Sampler:
                           stop_tokens=self.stop_tokens, pad_id=self.pad_id, **kwargs)
 
   def encode(self, prompts: list[str], batch_size: int | None = None):
-    """Left-padded, bucketed int32[B, Lp] tokens and bool mask."""
+    """Left-padded int32[B, Lp] tokens and bool mask (Lp: `shapes.prompt_width`)."""
     return self._pad(self._token_ids(prompts), batch_size)
 
   def encode_shared(self, prompts: list[str], batch_size: int | None = None):
@@ -499,9 +494,9 @@ class Sampler:
     return ids
 
   def _pad(self, ids: list[list[int]], batch_size: int | None):
-    length = bucket(max(len(s) for s in ids))
+    length = shapes.prompt_width(max(len(s) for s in ids))
     tokens, mask = tokenizer_lib.pad_left(ids, self.pad_id, length)
-    batch = batch_size or bucket(len(ids), minimum=1)
+    batch = batch_size or shapes.power_of_two(len(ids), minimum=1)
     if batch > len(ids):  # pad the batch with copies of the first row
       extra = batch - len(ids)
       tokens = np.concatenate([tokens, np.repeat(tokens[:1], extra, 0)])
@@ -520,14 +515,12 @@ class Sampler:
       raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     rng = jax.random.key(0) if rng is None else rng
     prefix, tokens, mask = self.encode_shared(prompts)
-    sampling = self.sampling_config(bucket(max_new_tokens), temperature, **kwargs)
+    sampling = self.sampling_config(shapes.power_of_two(max_new_tokens), temperature, **kwargs)
     out = generate(self._params_for(tokens.shape[0]), self.model.cfg, jnp.asarray(tokens),
                    jnp.asarray(mask), rng, sampling, max_steps=jnp.int32(max_new_tokens),
                    prefix_tokens=jnp.asarray(prefix, jnp.int32) if prefix else None)
     out = jax.tree.map(lambda x: np.asarray(x)[: len(prompts), :max_new_tokens]
                        if x.ndim == 2 else np.asarray(x)[: len(prompts)], out)
-    texts = []
-    for row, n in zip(out.tokens, out.lengths, strict=True):
-      ids = [t for t in row[:n].tolist() if t not in self.stop_tokens]
-      texts.append(self.model.tokenizer.decode(ids, skip_special_tokens=True))
+    texts = tokenizer_lib.decode_completions(self.model.tokenizer, out.tokens, out.lengths,
+                                             self.stop_tokens)
     return texts, out

@@ -20,6 +20,7 @@ from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.rollout import shapes
 
 
 @dataclasses.dataclass
@@ -52,24 +53,18 @@ def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list
   return out
 
 
-def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
-           multiple: int = 16) -> tuple[np.ndarray, np.ndarray]:
-  """Left-padded int32[B, Lp] prompt tokens and mask, Lp rounded up to a multiple of 16.
-
-  A task's prompts vary by a few tokens, so multiples of 16 give one or two
-  shapes (compilations) per run while padding far less than powers of two
-  (a 46-token SmolLM2 chat prompt pads to 48, not 64).
-  """
+def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded int32[B, Lp] prompt tokens and mask (Lp: `shapes.prompt_width`)."""
   ids = tokenizer_lib.encode_prompts(tokenizer, prompts, chat, system)
-  return _pad_to_multiple(ids, tokenizer.pad_token_id, multiple)
+  return _pad_prompts(ids, tokenizer.pad_token_id)
 
 
-def _pad_to_multiple(ids: list[list[int]], pad_id: int, multiple: int):
-  length = -(-max(len(s) for s in ids) // multiple) * multiple
-  return tokenizer_lib.pad_left(ids, pad_id, length)
+def _pad_prompts(ids: list[list[int]], pad_id: int):
+  return tokenizer_lib.pad_left(ids, pad_id, shapes.prompt_width(max(len(s) for s in ids)))
 
 
-def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int, multiple: int = 16
+def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int
                        ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
   """(shared prefix or None, suffix tokens, suffix mask) of `encode`'s prompts for `generate`.
 
@@ -80,7 +75,7 @@ def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int, multip
   prefix, suffixes = sampler_lib.split_shared_prefix(ids)
   if not prefix:
     return None, tokens, mask
-  return np.asarray(prefix, np.int32), *_pad_to_multiple(suffixes, pad_id, multiple)
+  return np.asarray(prefix, np.int32), *_pad_prompts(suffixes, pad_id)
 
 
 def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) -> int:
@@ -90,17 +85,7 @@ def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) ->
   in a 48-token budget would otherwise pay for 48. Power-of-two buckets keep
   the number of update shapes (compilations) to a handful.
   """
-  return min(max_new_tokens, sampler_lib.bucket(int(np.max(lengths)), minimum=minimum))
-
-
-def decode_completions(tokenizer, tokens: np.ndarray, lengths: np.ndarray,
-                       stop_tokens: Sequence[int]) -> list[str]:
-  """Completion texts without their stop token."""
-  texts = []
-  for row, n in zip(tokens, lengths, strict=True):
-    ids = [t for t in row[:n].tolist() if t not in stop_tokens]
-    texts.append(tokenizer.decode(ids, skip_special_tokens=True))
-  return texts
+  return min(max_new_tokens, shapes.power_of_two(int(np.max(lengths)), minimum=minimum))
 
 
 def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
@@ -127,4 +112,5 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
       traj=traj,
       examples=[ex for ex in examples for _ in range(group_size)],
       prompts=[p for p in unique_prompts for _ in range(group_size)],
-      completions=decode_completions(model.tokenizer, host_tokens, lengths, sampling.stop_tokens))
+      completions=tokenizer_lib.decode_completions(model.tokenizer, host_tokens, lengths,
+                                                   sampling.stop_tokens))

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_agents.models import checkpoints, transformer, zoo
+from jaxrl_agents.models import transformer, weights, zoo
 
 
 def _llama_cpp_permute(w, n_heads):
@@ -30,14 +30,14 @@ def test_unpermute_inverts_llama_cpp_permutation():
   w = np.arange(12 * 5, dtype=np.float32).reshape(12, 5)
   permuted = _llama_cpp_permute(w, n_heads=3)
   assert not np.array_equal(permuted, w)
-  np.testing.assert_array_equal(checkpoints.unpermute_gguf_qk(permuted, 3), w)
+  np.testing.assert_array_equal(weights.unpermute_gguf_qk(permuted, 3), w)
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-llama3"])
 def test_hf_dir_round_trip(tmp_path, name):
   model = zoo.load(name)
-  checkpoints.save_hf_dir(model.params, model.cfg, str(tmp_path), tokenizer=model.tokenizer)
-  params, cfg = checkpoints.load_hf_dir(str(tmp_path))
+  weights.save_hf_dir(model.params, model.cfg, str(tmp_path), tokenizer=model.tokenizer)
+  params, cfg = weights.load_hf_dir(str(tmp_path))
   assert cfg == model.cfg
   _assert_trees_close(params, model.params)
   reloaded = zoo.load(str(tmp_path))
@@ -49,28 +49,28 @@ def test_hf_config_variants():
   base = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
           "rms_norm_eps": 1e-6}
-  legacy = checkpoints.config_from_hf({**base, "rope_theta": 5e5, "rope_scaling": {
+  legacy = weights.config_from_hf({**base, "rope_theta": 5e5, "rope_scaling": {
       "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
       "original_max_position_embeddings": 8192}})
-  modern = checkpoints.config_from_hf({**base, "rope_parameters": {
+  modern = weights.config_from_hf({**base, "rope_parameters": {
       "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
   assert legacy == modern
   assert legacy.rope_scaling == (8.0, 1.0, 4.0, 8192) and legacy.rope_theta == 5e5
   assert legacy.head_dim == 4 and not legacy.tie_embeddings
-  assert checkpoints.config_from_hf({**base, "model_type": "qwen2"}).qkv_bias
+  assert weights.config_from_hf({**base, "model_type": "qwen2"}).qkv_bias
   with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
-    checkpoints.config_from_hf({**base, "model_type": "gpt2"})
+    weights.config_from_hf({**base, "model_type": "gpt2"})
   with pytest.raises(ValueError, match="rope type 'yarn'"):
-    checkpoints.config_from_hf({**base, "rope_parameters": {"rope_type": "yarn"}})
+    weights.config_from_hf({**base, "rope_parameters": {"rope_type": "yarn"}})
 
 
 def test_missing_files_raise_clear_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="no config.json"):
-    checkpoints.load_hf_dir(str(tmp_path))
-  (tmp_path / "config.json").write_text(json.dumps(checkpoints.config_to_hf(zoo.TINY)))
+    weights.load_hf_dir(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps(weights.config_to_hf(zoo.TINY)))
   with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-    checkpoints.load_hf_dir(str(tmp_path))
+    weights.load_hf_dir(str(tmp_path))
   with pytest.raises(ValueError, match="unknown model 'nope'"):
     zoo.load("nope")
 
@@ -124,7 +124,7 @@ def test_gguf_loading_recovers_params(tmp_path, name, arch):
   model = zoo.load(name)
   path = tmp_path / "model.gguf"
   _write_gguf(path, model.params, model.cfg, arch=arch)
-  params, cfg = checkpoints.load_gguf(str(path))
+  params, cfg = weights.load_gguf(str(path))
   assert cfg.norm_eps == pytest.approx(model.cfg.norm_eps, rel=1e-6)  # stored as float32
   assert cfg.replace(norm_eps=model.cfg.norm_eps) == model.cfg
   _assert_trees_close(params, model.params)
@@ -134,7 +134,7 @@ def test_gguf_quantized_tensors_are_dequantized(tmp_path):
   model = zoo.load("tiny")
   path = tmp_path / "q8.gguf"
   _write_gguf(path, model.params, model.cfg, quantize_ffn=True)
-  params, _ = checkpoints.load_gguf(str(path))
+  params, _ = weights.load_gguf(str(path))
   w = np.asarray(model.params["layers"][0]["w_up"])
   err = np.abs(params["layers"][0]["w_up"] - w).max()
   assert 0 < err < 0.01 * np.abs(w).max()  # Q8_0: lossy but close
@@ -153,14 +153,14 @@ def test_export_cli_round_trip(tmp_path):
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
   with pytest.raises(SystemExit, match="not empty"):
     export.main(["--model", "tiny", "--out", str(out)])
-  params, cfg = checkpoints.load_hf_dir(str(out))
+  params, cfg = weights.load_hf_dir(str(out))
   assert cfg == zoo.TINY_LLAMA3
   _assert_trees_close(params, zoo.load("tiny-llama3").params)
 
 
 def test_bad_weights_name_the_file_and_the_problem(tmp_path, tiny_model):
   good = tmp_path / "good"
-  checkpoints.save_hf_dir(tiny_model.params, tiny_model.cfg, str(good),
+  weights.save_hf_dir(tiny_model.params, tiny_model.cfg, str(good),
                           tokenizer=tiny_model.tokenizer)
   # A config whose hidden size disagrees with the weights.
   bad = tmp_path / "bad_shape"
@@ -173,11 +173,11 @@ def test_bad_weights_name_the_file_and_the_problem(tmp_path, tiny_model):
   # A truncated safetensors file.
   corrupt = tmp_path / "corrupt"
   shutil.copytree(good, corrupt)
-  weights = corrupt / "model.safetensors"
-  weights.write_bytes(weights.read_bytes()[:100])
+  safetensors_file = corrupt / "model.safetensors"
+  safetensors_file.write_bytes(safetensors_file.read_bytes()[:100])
   with pytest.raises(ValueError, match=r"cannot read .*model.safetensors"):
     zoo.load(str(corrupt))
   gguf_file = tmp_path / "broken.gguf"
   gguf_file.write_bytes(b"not a gguf file at all")
   with pytest.raises(ValueError, match=r"cannot read GGUF file .*broken.gguf"):
-    checkpoints.load_gguf(str(gguf_file))
+    weights.load_gguf(str(gguf_file))

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxrl_agents import registry
 from jaxrl_agents.rewards._checks import as_rewards, check_batch
-from jaxrl_agents.rewards.math import count_boxed, extract_boxed, reply_as_number
+from jaxrl_agents.rewards.answers import count_boxed, extract_boxed, reply_as_number
 
 
 @registry.register("reward", "format_boxed")
@@ -44,7 +44,7 @@ def format_answer_only_reward(completions: Sequence[str],
   """1 if the reply is just a number, up to surrounding whitespace and one trailing period.
 
   "42", " -5.\\n", "1,234" and "3.0" pass; "$42", "42 apples" and "x = 42" do not.
-  Number syntax is that of `jaxrl_agents.rewards.math`.
+  Number syntax is that of `jaxrl_agents.rewards.answers`.
 
   Args:
     completions: B decoded replies.

@@ -1,0 +1,41 @@
+"""How rollout lengths are rounded, so a run compiles a handful of programs, not one per step.
+
+Every array shape under jit is a compiled program; lengths that vary with the
+data are rounded to a few values. The rules, each for a reason:
+
+- `prompt_width`: prompts are left-padded to a multiple of 16. A task's prompts
+  vary by a few tokens, so this gives one or two shapes per run while padding
+  far less than powers of two (a 46-token SmolLM2 chat prompt pads to 48, not 64).
+- `prefix_width`: a prefix shared by every prompt (the chat template's system
+  prompt) is rounded down to a multiple of 8, so its length does not change
+  with the first words of the questions.
+- `power_of_two`: batch sizes, token budgets and the completion columns an
+  update trains on (the longest completion) round up to a power of two.
+"""
+
+from __future__ import annotations
+
+import math
+
+PROMPT_MULTIPLE = 16
+PREFIX_MULTIPLE = 8
+
+
+def round_up(n: int, multiple: int) -> int:
+  """The smallest multiple of `multiple` that is >= n."""
+  return -(-n // multiple) * multiple
+
+
+def prompt_width(longest: int, multiple: int = PROMPT_MULTIPLE) -> int:
+  """Columns of a left-padded prompt batch whose longest prompt has `longest` tokens."""
+  return round_up(max(longest, 1), multiple)
+
+
+def prefix_width(common: int, multiple: int = PREFIX_MULTIPLE) -> int:
+  """The length of a shared prefix of `common` tokens that is actually shared: rounded down."""
+  return common - common % multiple
+
+
+def power_of_two(n: int, minimum: int = 16) -> int:
+  """n rounded up to the next power of two, at least `minimum`."""
+  return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
