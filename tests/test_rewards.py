@@ -1,6 +1,7 @@
 """Hand-written cases for the host reward functions and their combinators."""
 
 import functools
+import time
 from fractions import Fraction
 
 import ml_collections
@@ -382,3 +383,37 @@ def test_combinators_nest_and_log_nested_parts():
   np.testing.assert_array_equal(parts["boxed_correct"], [1, 0])
   np.testing.assert_array_equal(parts["boxed_correct/math_strict/ungated"], [1, 1])
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile replies: every reader finishes in time linear in the reply and gives a defined result.
+
+_HOSTILE = {
+    "whitespace after the number, not ending the reply": "The answer is 5" + " " * 100_000 + "x",
+    "many final-statement anchors": "=1" * 50_000 + " " * 2_000 + "x",
+    "markup runs": "= 5 " + "** " * 30_000 + "x",
+    "a 10,000-digit number": "The answer is " + "1" * 10_000,
+    "deep parentheses": "(" * 50_000 + "1" + ")" * 50_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_HOSTILE))
+def test_hostile_replies_are_read_quickly(name):
+  reply = _HOSTILE[name]
+  start = time.perf_counter()
+  for reward in ("math_strict", "math_lenient", "last_integer"):
+    assert _score(reward, [reply], [{"answer": "5"}])[0] in (0.0, 1.0)
+  assert _score("countdown", [reply], [{"numbers": [1, 2], "target": 3}]) == [0.0]
+  assert time.perf_counter() - start < 2.0, name
+
+
+def test_a_long_whitespace_tail_still_ends_a_final_statement():
+  assert rewards.strict_answer("2 + 3 = 5" + " " * 100_000) == 5
+  assert rewards.strict_answer("The answer is **42**.  ") == 42
+
+
+def test_only_ascii_digits_are_numbers():
+  for reply in ("\u0665", "The answer is \uff15", "\u0661\u0662"):
+    assert _score("math_strict", [reply], [{"answer": "5"}]) == [0.0], reply
+    assert rewards.last_integer(reply) is None
+  assert rewards.parse_number("1" * 101) is None and rewards.parse_number("1" * 100) is not None

@@ -27,6 +27,15 @@ Number syntax (choices shared by every grader, so they disagree only on
   binary minus: "x = -5" reads -5, "10-5" reads 10 then 5.
 * Scientific notation, fractions ("1/2", "\frac{1}{2}") and words ("twelve")
   are not numbers here.
+* Digits are the ASCII 0-9 only: Arabic-Indic, fullwidth and other Unicode
+  digits are not read as numbers (a reply in them is not a stated answer).
+* A number of more than `MAX_NUMBER_DIGITS` digits is not a number here (no
+  answer has that many; Python refuses to convert more than 4300 digits).
+
+Every reader runs in time linear in the reply's length: a final statement is
+looked for in the last `FINAL_STATEMENT_WINDOW` characters of the reply
+(trailing whitespace removed first), with possessive quantifiers where a long
+run of whitespace or markup would otherwise make the regex backtrack.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from jaxrl_agents.rewards._checks import as_rewards, check_batch
 # Digits with optional well-formed thousands groups and an optional decimal
 # part. The lookaheads stop "1,2345" from being read as "1,234" then "5", and
 # "1,234,5" as "1,234" then "5": a malformed grouping is read as a list.
-_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?!\d)(?!,\d)|\d+)(?:\.\d+)?"
+_UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?!,[0-9])|[0-9]+)(?:\.[0-9]+)?"
 # A sign counts only when the previous character cannot end an operand, so the
 # minus of "10-5" or "f(x)-3" stays a binary operator.
 _SIGNED = r"(?:(?<![\w)\]}])[-+\u2212])?" + _UNSIGNED
@@ -53,14 +62,20 @@ _BARE_NUMBER_RE = re.compile(r"[-+\u2212]?" + _UNSIGNED)
 
 # Markup a model may wrap around a final number: markdown bold/code, $...$,
 # \(...\), \[...\].
-_DECOR = r"(?:\*\*|\*|`|\$|\\\$|\\\(|\\\)|\\\[|\\\])*"
+_DECOR = r"(?:\*\*|\*|`|\$|\\\$|\\\(|\\\)|\\\[|\\\])*+"
 # An explicit final statement at the very end of the reply. "answer" may be
 # followed by a few words ("the answer to the question is 7", "Final answer: 7").
 _FINAL_STATEMENT_RE = re.compile(
     r"(?:\banswer\b[^\n\d=:]{0,30}?(?:\bis\b\s*:?|:)|=|####)\s*" + _DECOR + r"\s*"
-    r"(?P<number>[-+\u2212]?" + _UNSIGNED + r")\s*" + _DECOR + r"\s*\.?\s*" + _DECOR + r"\s*$",
+    r"(?P<number>[-+\u2212]?" + _UNSIGNED + r")\s*+" + _DECOR + r"\s*+\.?\s*+" + _DECOR
+    + r"\s*+$",
     re.IGNORECASE,
 )
+# The whitespace, markup and period runs after the number use disjoint characters,
+# so the possessive quantifiers above match the same replies as greedy ones would,
+# without trying every split of a long run between them.
+FINAL_STATEMENT_WINDOW = 1024
+MAX_NUMBER_DIGITS = 100
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # LaTeX and markup that may surround a number inside \boxed{...}. "%" goes too:
 # GSM8K writes percentages as the bare number.
@@ -101,7 +116,7 @@ def parse_number(text: str) -> Fraction | None:
   numbers here; `strict_answer` and `lenient_answer` strip such markup).
   """
   text = text.strip()
-  if not _BARE_NUMBER_RE.fullmatch(text):
+  if sum(c.isdigit() for c in text) > MAX_NUMBER_DIGITS or not _BARE_NUMBER_RE.fullmatch(text):
     return None
   return Fraction(text.replace(",", "").replace("\u2212", "-"))
 
@@ -171,7 +186,7 @@ def strict_answer(text: str) -> Fraction | None:
   bare = reply_as_number(text)
   if bare is not None:
     return bare
-  match = _FINAL_STATEMENT_RE.search(text)
+  match = _FINAL_STATEMENT_RE.search(text.rstrip()[-FINAL_STATEMENT_WINDOW:])
   return parse_number(match.group("number")) if match else None
 
 

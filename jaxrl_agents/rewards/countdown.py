@@ -40,7 +40,8 @@ _ALLOWED_CHARS_RE = re.compile(r"[0-9+\-*/() ]+")
 # matched so that "2**100" reaches the parser and is rejected there, with a reason.
 _HAS_OPERATOR_RE = re.compile(r"[\d)]\s*[-+*/]+\s*[\d(-]")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_STATED_RESULT_RE = re.compile(r"=\s*(-?\d+)\s*$")
+# A stated result of more digits than any target is not read (int() refuses > 4300).
+_STATED_RESULT_RE = re.compile(r"=\s*(-?[0-9]{1,12})\s*$")
 # A label before the expression ("Answer: 3 * 8"); letters only, so no digit is lost.
 _LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z ]*:\s*")
 # Markup around a line: math delimiters, markdown code and bold, a final period.
