@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from typing import Any, NamedTuple
 
@@ -83,7 +84,7 @@ class GRPOSettings:
   group_size: int = 8
   epochs: int = 1
   minibatches: int = 1
-  share_prompt: bool = True
+  share_prompt: bool = False
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -128,6 +129,11 @@ def settings_from_config(config) -> GRPOSettings:
   if name not in KL_CONTROLLERS:
     raise ValueError(f"kl_controller.name must be one of {sorted(KL_CONTROLLERS)}, got {name!r}")
   kl_kwargs = tuple((k, float(controller[k])) for k in KL_CONTROLLERS[name][1])
+  if name == "accuracy" and not 0 <= controller.beta_min <= config.kl_coef:
+    raise ValueError(f"kl_controller 'accuracy' needs 0 <= beta_min <= kl_coef (its maximum); "
+                     f"got beta_min {controller.beta_min}, kl_coef {config.kl_coef}")
+  if name == "accuracy" and controller.shape < 0:
+    raise ValueError(f"kl_controller.shape must be >= 0, got {controller.shape}")
   if name != "fixed" and not config.kl_coef > 0:
     raise ValueError(f"kl_controller {name!r} moves the KL coefficient from kl_coef: set "
                      f"kl_coef > 0 (got {config.kl_coef})")
@@ -234,14 +240,20 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
   """One rollout's updates, then the KL controller's step: (state, metrics)."""
   beta = state.kl_ctl.beta if state.kl_ctl is not None else 0.0
   loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta)
+  updates_before = state.updates
   state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
                                           epochs=s.epochs, minibatches=s.minibatches,
                                           group_size=s.prompt_group)
   if state.kl_ctl is not None:
-    kl_ctl = make_kl_controller(s).update(state.kl_ctl, observed_kl=metrics["kl"],
-                                          n_steps=batch.advantages.shape[0],
-                                          accuracy=jnp.mean(batch.correct))
-    state = state._replace(kl_ctl=kl_ctl)
+    moved = make_kl_controller(s).update(state.kl_ctl, observed_kl=metrics["kl"],
+                                         n_steps=batch.advantages.shape[0],
+                                         accuracy=jnp.mean(batch.correct))
+    # A step whose updates were all skipped (non-finite) moves neither the policy
+    # nor the coefficient: a NaN KL must not poison beta for the rest of the run.
+    ok = jnp.isfinite(metrics["kl"]) & (state.updates > updates_before) & \
+        jnp.isfinite(moved.beta)
+    state = state._replace(kl_ctl=jax.tree.map(lambda new, old: jnp.where(ok, new, old),
+                                               moved, state.kl_ctl))
   return state, metrics
 
 
@@ -300,7 +312,17 @@ def validate(config) -> None:
     raise ValueError(f"advantage {config.advantage!r} is not a group estimator over f32[P, G] "
                      f"rewards ({group}) or over f32[P, G, M] reward components ({component}); "
                      f"token-level estimators such as GAE are PPO's")
-  settings_from_config(config)  # names, per-loss hyperparameters, controllers
+  settings = settings_from_config(config)  # names, per-loss hyperparameters, controllers
+  kind = "component_advantage" if settings.component_advantage else "group_advantage"
+  accepted = set(inspect.signature(registry.get(kind, config.advantage)).parameters)
+  unknown = sorted(set(dict(config.advantage_kwargs)) - accepted)
+  if unknown:
+    raise ValueError(f"advantage_kwargs {unknown} are not arguments of {config.advantage!r} "
+                     f"(it takes {sorted(accepted - {'rewards', 'weights'})})")
+  shaping = config.get("reward_shaping", None)
+  if shaping and shaping.name == "par" and settings.component_advantage:
+    raise ValueError(f"reward_shaping 'par' shapes the total reward, but {config.advantage!r} "
+                     "reads the reward components: use a group_advantage with it")
   if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo",
                                                     "reinforce_pp_baseline", "gdpo"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")

@@ -209,6 +209,10 @@ def validate(config) -> None:
   if config.kl_coef:
     registry.get("kl", config.kl_estimator)
   settings_from_config(config)  # names, per-loss hyperparameters, critic
+  controller = config.get("kl_controller", None)
+  if controller and controller.name != "fixed":
+    raise ValueError(f"kl_controller {controller.name!r} is GRPO's; PPO's KL is a reward "
+                     "penalty with the fixed coefficient kl_coef (set kl_controller.name='fixed')")
   if config.get("oversample", 1) != 1:
     raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
                      "on every sample (its critic is the baseline): set oversample=1")

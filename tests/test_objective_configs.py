@@ -11,7 +11,7 @@ import pytest
 
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
-from jaxrl_agents import advantages, checkpointing, rl_loop, types
+from jaxrl_agents import advantages, checkpointing, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import zoo
 
@@ -215,3 +215,37 @@ def test_par_from_the_config(tmp_path):
   grpo.train(config, str(tmp_path), progress=False)
   for r in _train_records(str(tmp_path)):
     assert "reward/unshaped_mean" in r and 0.0 < r["reward_mean"] < 1.0
+
+
+def _nan_loss(logp, old_logp, advantages, mask, aggregation="token-mean", normalizer=None):
+  del old_logp, advantages, aggregation, normalizer
+  loss = jnp.sum(logp * mask) * jnp.nan
+  return loss, {"pg_loss": loss}
+
+
+def test_skipped_steps_leave_the_kl_coefficient_alone(tmp_path):
+  """A step whose updates were all non-finite must not move (or NaN) the adaptive beta."""
+  config = _tiny(steps=4, kl_coef=0.1, policy_loss="test_nan_loss",
+                 **{"kl_controller.name": "adaptive", "kl_controller.horizon": 12.0})
+  config.checkpoint_every, config.max_consecutive_nonfinite = 1, 3
+  with registry.registered("policy_loss", "test_nan_loss", _nan_loss), \
+      pytest.raises(rl_loop.TrainingStopped):
+    grpo.train(config, str(tmp_path), progress=False)
+  state = checkpointing.Checkpointer(str(tmp_path))._manager.restore(2)["state"]
+  assert float(np.asarray(state["kl_ctl"]["beta"])) == pytest.approx(0.1)
+
+
+def test_config_mistakes_are_named_before_anything_loads():
+  config = ppo_arithmetic.get_config("tiny")
+  config.kl_controller.name = "adaptive"
+  with pytest.raises(ValueError, match="PPO's KL is a reward penalty"):
+    ppo.validate(config)
+  with pytest.raises(ValueError, match="beta_min <= kl_coef"):
+    grpo.validate(_tiny(kl_coef=0.1, **{"kl_controller.name": "accuracy",
+                                        "kl_controller.beta_min": 0.5}))
+  config = _tiny()
+  config.advantage_kwargs = {"std_normalise": False}
+  with pytest.raises(ValueError, match="std_normalise"):
+    grpo.validate(config)
+  with pytest.raises(ValueError, match="reads the reward components"):
+    grpo.validate(_tiny(advantage="gdpo", **{"reward_shaping.name": "par"}))

@@ -417,3 +417,10 @@ def test_only_ascii_digits_are_numbers():
     assert _score("math_strict", [reply], [{"answer": "5"}]) == [0.0], reply
     assert rewards.last_integer(reply) is None
   assert rewards.parse_number("1" * 101) is None and rewards.parse_number("1" * 100) is not None
+
+
+def test_a_huge_stated_countdown_result_is_wrong_not_skipped():
+  task = {"numbers": [3, 8], "target": 24}
+  assert _score("countdown", ["3 * 8\n3 * 8 = 2400000000000000"], [task]) == [0.0]
+  assert _score("countdown", ["3 * 8 = " + "9" * 5000], [task]) == [0.0]
+  assert _score("countdown", ["3 * 8 = 24"], [task]) == [1.0]

@@ -32,10 +32,12 @@ Number syntax (choices shared by every grader, so they disagree only on
 * A number of more than `MAX_NUMBER_DIGITS` digits is not a number here (no
   answer has that many; Python refuses to convert more than 4300 digits).
 
-Every reader runs in time linear in the reply's length: a final statement is
-looked for in the last `FINAL_STATEMENT_WINDOW` characters of the reply
-(trailing whitespace removed first), with possessive quantifiers where a long
-run of whitespace or markup would otherwise make the regex backtrack.
+A final statement is looked for in the last `FINAL_STATEMENT_WINDOW` characters
+of the reply (trailing whitespace removed first), with possessive quantifiers
+where a long run of whitespace or markup would otherwise make the regex
+backtrack (it took minutes on 1000 spaces). Still not linear: scanning a run
+of k comma groups ("1,234,234,...,5") costs O(k^2), and `extract_boxed` O(n k)
+on k unclosed boxes; harmless at the token budgets used here.
 """
 
 from __future__ import annotations

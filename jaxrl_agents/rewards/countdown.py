@@ -40,8 +40,10 @@ _ALLOWED_CHARS_RE = re.compile(r"[0-9+\-*/() ]+")
 # matched so that "2**100" reaches the parser and is rejected there, with a reason.
 _HAS_OPERATOR_RE = re.compile(r"[\d)]\s*[-+*/]+\s*[\d(-]")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-# A stated result of more digits than any target is not read (int() refuses > 4300).
-_STATED_RESULT_RE = re.compile(r"=\s*(-?[0-9]{1,12})\s*$")
+_STATED_RESULT_RE = re.compile(r"=\s*(-?[0-9]+)\s*$")
+# A stated result longer than this cannot be a target; it is kept as a value no target
+# equals, without converting it (int() refuses more than 4300 digits).
+_MAX_STATED_DIGITS = 12
 # A label before the expression ("Answer: 3 * 8"); letters only, so no digit is lost.
 _LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z ]*:\s*")
 # Markup around a line: math delimiters, markdown code and bold, a final period.
@@ -141,7 +143,9 @@ def _split_stated_result(text: str, need_operator: bool) -> tuple[str, int | Non
   stated = None
   match = _STATED_RESULT_RE.search(text)
   if match:
-    stated = int(match.group(1))
+    digits = match.group(1)
+    stated = int(digits) if len(digits.lstrip("-")) <= _MAX_STATED_DIGITS \
+        else 10**(_MAX_STATED_DIGITS + 1)
     text = text[:match.start()].strip()
   text = text.translate(_UNICODE_OPERATORS)
   if not text or not _ALLOWED_CHARS_RE.fullmatch(text) or not re.search(r"\d", text):

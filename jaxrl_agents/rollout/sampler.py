@@ -324,7 +324,11 @@ def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rn
     keep_cache: also return the Continuation after the completions: every
       row's completion in slots [index, index + N) of its cache (padding after
       it invalid), so an observation can be appended with `extend`. This costs
-      one more decode step, to write the last sampled token.
+      one more decode step, to write the last sampled token. The returned
+      next-token logits are those after the last token for rows that ran to
+      the budget; a row that stopped earlier gets meaningless ones, so extend
+      every continuing row with a non-empty block (an observation) before
+      decoding it again.
 
   Returns:
     (SampleOutput with N = sampling.max_new_tokens columns, the Continuation
