@@ -378,14 +378,20 @@ def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rn
                      lengths=lengths)
   if not keep_cache:
     return out, None
-  # The loop wrote tokens [0, steps - 1); write the last one (a finished row
-  # writes padding, marked invalid below), then fix the block's width at N.
-  logits, cache = transformer.decode_step(params, token, start_position + steps - 1, cfg, cache,
+  return out, _close_block(params, cfg, cache, out, token, start_slot,
+                           start_position + steps - 1, start_position)
+
+
+def _close_block(params, cfg, cache, out: SampleOutput, last_token, start_slot, last_position,
+                 start_position) -> Continuation:
+  """The Continuation after a decoded block: the loop wrote all tokens but the last; write it
+  (a finished row writes padding, marked invalid here) and fix the block's width at N."""
+  logits, cache = transformer.decode_step(params, last_token, last_position, cfg, cache,
                                           vocab_major=True)
-  valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start_slot))
-  cache = cache._replace(valid=valid, index=start_slot + n)
-  return out, Continuation(logits=logits.astype(jnp.float32), cache=cache,
-                           next_position=start_position + lengths)
+  valid = jax.lax.dynamic_update_slice(cache.valid, out.mask, (0, start_slot))
+  cache = cache._replace(valid=valid, index=start_slot + out.tokens.shape[1])
+  return Continuation(logits=logits.astype(jnp.float32), cache=cache,
+                      next_position=start_position + out.lengths)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "samples_per_prompt"))
