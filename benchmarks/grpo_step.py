@@ -67,7 +67,7 @@ def main() -> None:
   source = data_lib.load_task("arithmetic/mixed", "train")
   examples = [source[i] for i in range(p)]
   prompts = single_turn.format_prompts(examples, config.prompt_template)
-  tokens, mask = single_turn.encode(model.tokenizer, prompts, chat=True, system=None)
+  tokens, mask, _ = single_turn.encode(model.tokenizer, prompts, chat=True, system=None)
   stop = tokenizer_lib.stop_token_ids(model.tokenizer)
   sampling = sampler_lib.SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
                                         stop_tokens=stop, pad_id=model.tokenizer.pad_token_id)

@@ -10,18 +10,75 @@ the first that restores cleanly, warning about any it had to skip, so a
 corrupt or partial latest checkpoint falls back to the previous one. Saving is
 synchronous: when `save` returns, the step is on disk (a SIGKILL right after
 loses nothing).
+
+Orbax catches structural damage (a missing or truncated file) but not changed
+bytes: a flipped bit inside a data file restores as a wrong number. So `meta`
+also holds a SHA-256 of every state array and of the data state, taken from
+the arrays in memory before the save; a restore recomputes them and treats a
+mismatch like any other damage (set aside, fall back), and export refuses it.
+Hashing runs at about 1.8 GB/s here: a second per save of the 135M model's
+params and Adam moments.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
+
+
+class CorruptCheckpoint(ValueError):
+  """A checkpoint's contents differ from the digests recorded when it was saved."""
+
+
+def _key_name(entry) -> str:
+  for attr in ("key", "idx", "name"):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def state_digests(tree: Any) -> dict[str, str]:
+  """{"a/b/0": sha256 hex} of every array leaf, keyed so a target-less restore matches.
+
+  Paths join dict keys, sequence indices and dataclass field names alike, since
+  a restore without the original structure returns lists and dataclasses as
+  dicts. The digest covers dtype and shape as well as the bytes.
+  """
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    arr = np.ascontiguousarray(np.asarray(leaf))
+    h = hashlib.sha256(f"{arr.dtype.name}{arr.shape}".encode())
+    h.update(arr.reshape(-1).view(np.uint8).data)  # bytes view: bfloat16 has no buffer format
+    out["/".join(_key_name(e) for e in path)] = h.hexdigest()
+  return out
+
+
+def _json_digest(value: Any) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def verify_digests(tree: Any, expected: dict[str, str], what: str, prefix: str = "") -> None:
+  """Raises CorruptCheckpoint when a leaf of `tree` under `prefix` differs from `expected`.
+
+  Every expected entry under `prefix` must be present (a missing array is damage too).
+  """
+  got = state_digests(tree)
+  wanted = {k: v for k, v in expected.items() if k.startswith(prefix)}
+  bad = sorted(k for k, v in wanted.items() if got.get(k) != v)
+  if bad:
+    raise CorruptCheckpoint(f"{what}: {len(bad)} of {len(wanted)} arrays differ from the "
+                            f"digests recorded at save time (first: {bad[0]})")
 
 
 class Checkpointer:
@@ -44,6 +101,7 @@ class Checkpointer:
     """Writes step `step`; overwrites nothing (a step already saved is skipped)."""
     if step in self.steps():
       return
+    meta = {**meta, "digests": {"state": state_digests(state), "data": _json_digest(data_state)}}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
@@ -51,13 +109,27 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def restore(self, step: int, target: Any) -> tuple[Any, Any, dict]:
-    """Restores step `step` into the structure (and shardings) of `target`."""
+    """Restores step `step` into the structure (and shardings) of `target`, verified.
+
+    Raises CorruptCheckpoint when the contents differ from the save-time digests
+    (checkpoints written before digests existed restore unverified, with a warning).
+    """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract),
         data=ocp.args.JsonRestore(),
         meta=ocp.args.JsonRestore()))
-    return restored["state"], restored["data"], restored["meta"]
+    state, data, meta = restored["state"], restored["data"], dict(restored["meta"])
+    digests = meta.pop("digests", None)
+    if digests is None:
+      log.warning("checkpoint step %d has no digests (written by an older version): "
+                  "restored unverified", step)
+    else:
+      verify_digests(state, digests["state"], f"checkpoint step {step} state")
+      if _json_digest(data) != digests["data"]:
+        raise CorruptCheckpoint(f"checkpoint step {step}: the data-iterator state differs "
+                                "from its digest")
+    return state, data, meta
 
   def latest_meta(self) -> tuple[int, dict] | None:
     """(step, meta) of the newest checkpoint whose metadata reads, without touching its state."""
@@ -134,11 +206,17 @@ def latest_policy_params(workdir: str) -> tuple[Any, dict, int]:
       except Exception as e:  # noqa: BLE001 - fall back to an older checkpoint
         log.warning("checkpoint step %d is unreadable (%s); trying an older one", step, e)
         continue
-      state = restored["state"]
-      params = state["params"]
+      state, meta = restored["state"], restored["meta"]
+      params, prefix = state["params"], "params/"
       if isinstance(params, dict) and "policy" in params:
-        params = params["policy"]
-      return _as_lists(params), restored["meta"], step
+        params, prefix = params["policy"], "params/policy/"
+      if "digests" in meta:  # export must never ship damaged weights
+        verify_digests({"params": state["params"]}, meta["digests"]["state"],
+                       f"checkpoint step {step} in {ckpt.directory}", prefix=prefix)
+      else:
+        log.warning("checkpoint step %d has no digests (older version): exported unverified",
+                    step)
+      return _as_lists(params), meta, step
     raise FileNotFoundError(f"no readable checkpoint in {ckpt.directory}")
   finally:
     ckpt.close()

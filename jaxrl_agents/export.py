@@ -11,9 +11,12 @@ and the architecture and tokenizer from the run's model (its config.json).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import logging
 import os
+import shutil
 import sys
+import tempfile
 
 from jaxrl_agents import checkpointing
 from jaxrl_agents.models import weights, zoo
@@ -31,12 +34,47 @@ def parse_args(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
+# What an export directory holds; --overwrite replaces only a directory of these,
+# so a mistyped --out (a home directory, a dataset) is never emptied.
+EXPORT_FILES = ("config.json", "generation_config.json", "*.safetensors",
+                "*.safetensors.index.json", "tokenizer*.json", "special_tokens_map.json",
+                "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def _check_replaceable(out: str) -> None:
+  foreign = sorted(name for name in os.listdir(out)
+                   if os.path.isdir(os.path.join(out, name))
+                   or not any(fnmatch.fnmatch(name, p) for p in EXPORT_FILES))
+  if foreign:
+    raise SystemExit(f"--out {out!r} holds {', '.join(foreign[:5])}, which an export does not "
+                     "write; --overwrite only replaces a previous export. Choose another --out")
+
+
+def _write_clean(out: str, write) -> None:
+  """Runs write(dir) into a fresh directory that then replaces `out` (no stale files remain)."""
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  try:
+    write(tmp)
+    if os.path.exists(out):
+      shutil.rmtree(out)
+    os.rename(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                       format="%(asctime)s %(levelname)s %(message)s")
-  if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
-    raise SystemExit(f"--out {args.out!r} exists and is not empty; pass --overwrite")
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    raise SystemExit(f"--out {args.out!r} is a file, not a directory")
+  if os.path.isdir(args.out) and os.listdir(args.out):
+    if not args.overwrite:
+      raise SystemExit(f"--out {args.out!r} exists and is not empty; pass --overwrite")
+    _check_replaceable(args.out)
   if args.workdir:
     params, meta, step = checkpointing.latest_policy_params(args.workdir)
     model = zoo.load(args.model or meta["config"]["model"])
@@ -46,7 +84,8 @@ def main(argv=None) -> int:
   else:
     model = zoo.load(args.model or zoo.DEFAULT_MODEL)
     source = model.name
-  weights.save_hf_dir(model.params, model.cfg, args.out, tokenizer=model.tokenizer)
+  _write_clean(args.out, lambda d: weights.save_hf_dir(model.params, model.cfg, d,
+                                                       tokenizer=model.tokenizer))
   logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
   return 0
 

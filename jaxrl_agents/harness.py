@@ -26,6 +26,17 @@ refuses a config that computes differently (`check_resumable`) and continues
 exactly where the checkpoint left it: step keys derive from (seed, step).
 Training time is the wall-clock of the train steps (compilation included,
 evaluation and checkpointing excluded) and carries over a resume.
+
+What a run guarantees about its workdir:
+  * one writer: a second run on a live workdir fails at once naming the first
+    (`workdir.WorkdirLock`); a lock left by a killed run is taken over with a warning;
+  * nothing written is deleted: logs that no checkpoint can continue are refused
+    unless `config.start_over` is set, which moves the old run's files to
+    `previous/<time>/`; on resume, log lines past the checkpoint move there too;
+  * checkpoints are verified against SHA-256 digests taken at save time; a damaged one
+    is set aside and the previous one used (`checkpointing`);
+  * no checkpoint is written while updates are being skipped as non-finite, so
+    the newest checkpoint after such a stop predates the streak.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ import jax
 
 from jaxrl_agents import checkpointing
 from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import workdir as workdir_lib
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +101,11 @@ class StepResult(NamedTuple):
 RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
     "keep_checkpoints", "sample_every", "samples_per_log", "tensorboard",
-    "max_consecutive_nonfinite", "time_budget_s", "eval_every_s"})
+    "max_consecutive_nonfinite", "time_budget_s", "eval_every_s", "start_over"})
+
+# What a run writes at the top of its workdir (what `start_over` moves aside).
+RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",
+             "config.json")
 
 
 def config_to_dict(config) -> dict:
@@ -151,6 +167,52 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+def _has_logs(workdir: str) -> bool:
+  """Whether the workdir holds a run's metrics, samples or TensorBoard events."""
+  for name in (metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE):
+    path = os.path.join(workdir, name)
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+      return True
+  tb = os.path.join(workdir, "tensorboard")
+  return os.path.isdir(tb) and bool(os.listdir(tb))
+
+
+def _unresumable_logs(workdir: str, why: str) -> ValueError:
+  return ValueError(
+      f"{workdir} holds the logs of a run that cannot be resumed ({why}); nothing was changed. "
+      f"Set config.start_over=True (--config.start_over=True) to move that run's files to "
+      f"{os.path.join(workdir, workdir_lib.PREVIOUS_DIR)}/ and start again, or use a new workdir")
+
+
+def _prepare(config, workdir: str) -> None:
+  """Checks the run keys of the config and, with start_over, clears the workdir; loads nothing."""
+  limit = config.get("max_consecutive_nonfinite", 1)
+  if not isinstance(limit, int) or limit < 1:
+    raise ValueError(f"config.max_consecutive_nonfinite must be an integer >= 1 (updates "
+                     f"skipped in a row before the run stops), got {limit!r}")
+  if config.get("start_over", False):
+    dest = workdir_lib.move_aside(workdir, RUN_FILES)
+    if dest:
+      log.warning("start_over: moved the previous run's files in %s to %s", workdir, dest)
+
+
+def _logs_without_checkpoint(config, workdir: str) -> None:
+  """Logs but no checkpoint: a rerun of the same config moves them aside, anything else stops.
+
+  A run stopped before its first checkpoint left them; rerunning the same
+  config starts that run again, so its logs go to previous/ (with a warning).
+  Under another config (or none recorded) the user decides.
+  """
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      check_resumable(json.load(f), config_to_dict(config), workdir)
+  except (OSError, ValueError) as e:
+    raise _unresumable_logs(workdir, f"it left no checkpoint, and {e}") from None
+  dest = workdir_lib.move_aside(workdir, [n for n in RUN_FILES if n != "checkpoints"])
+  log.warning("%s: the logs of a run of this config that stopped before its first checkpoint "
+              "moved to %s; starting again", workdir, dest)
+
+
 @dataclasses.dataclass
 class _Run:
   """The mutable state of one run of the loop and the actions it schedules."""
@@ -160,7 +222,8 @@ class _Run:
   evaluate: Callable[[Any], tuple[dict, list[dict]]] | None
   data: Any
   ckpt: checkpointing.Checkpointer
-  writer: metrics_lib.MetricWriter
+  nonfinite_count: Callable[[Any], tuple[int, int]] | None
+  writer: metrics_lib.MetricWriter | None = None
   state: Any = None
   step: int = 0
   train_time: float = 0.0
@@ -176,19 +239,33 @@ class _Run:
     return float(self.config.get("eval_every_s", 0.0) or 0.0)
 
   def restore(self, init_state) -> None:
-    """The latest readable checkpoint, or a fresh state (and fresh logs)."""
+    """The latest readable checkpoint, or a fresh state; then opens the logs to continue."""
     self.state = init_state()
     restored = self.ckpt.restore_latest(self.state)
     if restored is not None:
       self.step, self.state, data_state, meta = restored
       self.train_time = float(meta.get("train_time_s", 0.0))
-      self.data.set_state(data_state)
+      _restore_data(self.data, data_state, self.step)
       log.info("resumed from step %d in %s", self.step, self.ckpt.directory)
-    # Logs past the checkpoint (or of a run that left none) would be repeated.
-    self.writer.truncate_after(self.step if restored is not None else -1)
+    elif _has_logs(self.workdir):  # every checkpoint was damaged (and set aside)
+      raise _unresumable_logs(self.workdir, "no checkpoint is readable")
+    # Log lines past the checkpoint would be repeated: they move aside, and
+    # TensorBoard hides its events from the next step on.
+    moved = metrics_lib.MetricWriter(
+        self.workdir, tensorboard=False).truncate_after(self.step)
+    if moved:
+      log.warning("log lines after step %d (written after the checkpoint) moved to %s",
+                  self.step, moved)
+    self.writer = metrics_lib.MetricWriter(
+        self.workdir, tensorboard=self.config.get("tensorboard", True),
+        purge_step=self.step + 1 if restored is not None else None)
     if self.eval_every_s:
       self.next_timed_eval = (math.floor(self.train_time / self.eval_every_s) + 1) \
           * self.eval_every_s
+
+  def skipping_updates(self) -> int:
+    """How many updates in a row were just skipped as non-finite (0 when none or not tracked)."""
+    return self.nonfinite_count(self.state)[0] if self.nonfinite_count else 0
 
   def run_eval(self) -> None:
     if self.evaluate is None or not (self.config.eval_every or self.eval_every_s):
@@ -203,10 +280,17 @@ class _Run:
                        if k in ("accuracy", "reward_mean", "loss")), result["eval_time_s"])
     self.last_eval = result
 
-  def save(self) -> None:
+  def save(self) -> bool:
+    """Checkpoints the current step, unless updates are being skipped (see the module doc)."""
+    skipped = self.skipping_updates()
+    if skipped:
+      log.warning("not checkpointing step %d: the last %d updates were skipped as non-finite",
+                  self.step, skipped)
+      return False
     self.ckpt.save(self.step, self.state, self.data.get_state(),
                    {"config": config_to_dict(self.config), "seed": self.config.seed,
                     "step": self.step, "train_time_s": self.train_time})
+    return True
 
   def log_step(self, result: StepResult, seconds: float, compile_s: float) -> None:
     self.writer.write_scalars(self.step, {**result.record, "step_time_s": seconds,
@@ -264,18 +348,34 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
   Returns:
     The last eval record ({} when evaluation is off).
   """
+  with workdir_lib.WorkdirLock(workdir):
+    _prepare(config, workdir)
+    ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+    try:
+      saved = ckpt.latest_meta()
+      if saved is not None:
+        check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir)
+      elif not ckpt.steps() and _has_logs(workdir):
+        _logs_without_checkpoint(config, workdir)
+      r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count)
+      r.restore(init_state)
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(config_to_dict(config), f, indent=2)
+      try:
+        _loop(r, train_step, postfix, finite_keys, progress)
+      finally:
+        r.writer.close()
+    finally:
+      ckpt.close()
+  return r.last_eval
+
+
+def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str],
+          progress: bool) -> None:
+  """Steps until config.steps, the time budget, SIGTERM or a stop (see `run`)."""
   from tqdm import tqdm
 
-  os.makedirs(workdir, exist_ok=True)
-  ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
-  saved = ckpt.latest_meta()
-  if saved is not None:
-    check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(config_to_dict(config), f, indent=2)
-  r = _Run(config, workdir, evaluate, data, ckpt,
-           metrics_lib.MetricWriter(workdir, tensorboard=config.get("tensorboard", True)))
-  r.restore(init_state)
+  config = r.config
   start_step, base_rng = r.step, jax.random.key(config.seed)
   if start_step == 0:
     r.run_eval()
@@ -293,21 +393,37 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
         bar.set_postfix({k: f"{result.record[k]:.3f}" for k in postfix if k in result.record})
         bar.update(1)
         _check_finite(result.record, finite_keys, r.step)
-        _check_nonfinite(nonfinite_count, r, config.max_consecutive_nonfinite)
+        _check_nonfinite(r, config.max_consecutive_nonfinite)
         if r.after_step():
           break
         if preemption.requested:
-          r.save()
-          log.warning("checkpointed step %d after SIGTERM; exiting", r.step)
+          if r.save():
+            log.warning("checkpointed step %d after SIGTERM; exiting", r.step)
+          else:
+            log.warning("SIGTERM: exiting after step %d (newest checkpoint: step %s)", r.step,
+                        (r.ckpt.steps() or ["none"])[-1])
           raise SystemExit(143)
       else:  # the step budget ran out (not the time budget)
         if config.eval_every and r.step % config.eval_every != 0 and r.step > start_step:
           r.run_eval()
     finally:
       bar.close()
-      r.writer.close()
-      ckpt.close()
-  return r.last_eval
+
+
+def _restore_data(data, state, step: int) -> None:
+  """data.set_state(state), or an error naming the mismatch (a state from another pipeline)."""
+  expected = data.get_state()
+  shape_differs = isinstance(expected, Mapping) and (
+      not isinstance(state, Mapping) or set(state) != set(expected))
+  try:
+    if shape_differs:
+      raise KeyError(f"expected keys {sorted(expected)}")
+    data.set_state(state)
+  except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+    raise ValueError(
+        f"the data-iterator state in checkpoint step {step} ({str(state)[:200]}) does not fit "
+        f"this run's data pipeline ({type(data).__name__}: {type(e).__name__}: {e}); the "
+        "workdir was written by another task or loader: use a new workdir") from None
 
 
 def _check_finite(record: Mapping[str, float], keys: Sequence[str], step: int) -> None:
@@ -316,11 +432,12 @@ def _check_finite(record: Mapping[str, float], keys: Sequence[str], step: int) -
       raise TrainingStopped(f"non-finite {key} ({record[key]}) at step {step}")
 
 
-def _check_nonfinite(nonfinite_count, r: _Run, limit: int) -> None:
-  if nonfinite_count is None:
-    return
-  consecutive, _ = nonfinite_count(r.state)
+def _check_nonfinite(r: _Run, limit: int) -> None:
+  consecutive = r.skipping_updates()
   if consecutive >= limit:
+    steps = r.ckpt.steps()
+    where = (f"the newest checkpoint, step {steps[-1]}, predates the streak"
+             if steps else "no checkpoint was written before it")
     raise TrainingStopped(
         f"{consecutive} consecutive updates had a non-finite loss or gradient (step "
-        f"{r.step}); stopping. The last good checkpoint is intact in {r.ckpt.directory}.")
+        f"{r.step}); stopping: {where} ({r.ckpt.directory}).")

@@ -2,8 +2,11 @@
 
 metrics.jsonl has one JSON object per line, `{"step": s, "kind": k, ...}` with
 kind "train" or "eval"; samples.jsonl has one line per logged completion. On
-resume from a checkpoint at step s, lines for steps after s are dropped first
-(`truncate_after`), so a resumed run's files read as if it never stopped.
+resume from a checkpoint at step s, lines for steps after s (written after the
+checkpoint, and about to be written again) move to a `previous/` folder
+(`truncate_after`), so a resumed run's files read as if it never stopped and
+nothing written is lost; TensorBoard is told to hide its events after s
+(`purge_step`) the same way.
 """
 
 from __future__ import annotations
@@ -45,29 +48,31 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def _truncate_file(path: str, step: int) -> None:
+def _split_file(path: str, step: int) -> tuple[list[dict], list[str]]:
+  """(records of steps <= step, the other lines verbatim) of a JSONL log."""
   with open(path) as f:
     lines = [line for line in f if line.strip()]
-  records = []
+  kept, dropped = [], []
   for i, line in enumerate(lines):
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except json.JSONDecodeError:
       if i == len(lines) - 1:  # a line cut short by a kill mid-write
+        dropped.append(line)
         break
       raise ValueError(f"{path}:{i + 1}: not a JSON record") from None
-  records = [r for r in records if r.get("step", 0) <= step]
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    for r in records:
-      f.write(json.dumps(r) + "\n")
-  os.replace(tmp, path)
+    if record.get("step", 0) <= step:
+      kept.append(record)
+    else:
+      dropped.append(line)
+  return kept, dropped
 
 
 class MetricWriter:
   """Appends scalars to metrics.jsonl and TensorBoard, and samples to samples.jsonl."""
 
-  def __init__(self, workdir: str, tensorboard: bool = True):
+  def __init__(self, workdir: str, tensorboard: bool = True, purge_step: int | None = None):
+    """purge_step: TensorBoard hides this log's earlier events from that step on (a resume)."""
     os.makedirs(workdir, exist_ok=True)
     self.workdir = workdir
     self.metrics_path = os.path.join(workdir, METRICS_FILE)
@@ -76,13 +81,31 @@ class MetricWriter:
     if tensorboard:
       from tensorboardX import SummaryWriter  # imported lazily: optional at analysis time
 
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge_step)
 
-  def truncate_after(self, step: int) -> None:
-    """Drops records of steps > step (a resume from the checkpoint at `step`)."""
+  def truncate_after(self, step: int) -> str | None:
+    """Moves records of steps > step (a resume from the checkpoint at `step`) to previous/.
+
+    Returns the folder they went to, or None when there were none.
+    """
+    from jaxrl_agents import workdir as workdir_lib  # the layout of previous/ lives there
+
+    dest = None
     for path in (self.metrics_path, self.samples_path):
-      if os.path.exists(path):
-        _truncate_file(path, step)
+      if not os.path.exists(path):
+        continue
+      kept, dropped = _split_file(path, step)
+      if not dropped:
+        continue
+      dest = dest or workdir_lib.new_previous_dir(self.workdir)
+      with open(os.path.join(dest, os.path.basename(path)), "w") as f:
+        f.writelines(line if line.endswith("\n") else line + "\n" for line in dropped)
+      tmp = path + ".tmp"
+      with open(tmp, "w") as f:
+        for r in kept:
+          f.write(json.dumps(r) + "\n")
+      os.replace(tmp, path)
+    return dest
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any], kind: str = "train") -> None:
     record = {"step": int(step), "kind": kind, **_plain(dict(scalars))}

@@ -17,7 +17,8 @@ README's "Main job" section.
 
 Variants (`--config=...grpo_arithmetic.py:VARIANT`):
   tiny   the tiny random model, 3 prompts x 4 rollouts, 16 new tokens: a smoke
-         test of every artifact in about 20 s (the reward stays near 0).
+         test of every artifact in about 20 s. Its reward varies (`tiny_reward`),
+         so the smoke tests run a real update.
 
 Every objective of the library is one of the keys below (docs/objectives.md,
 "From a config").
@@ -49,6 +50,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # decides, then the second...; components in [0, 1] at least `min_gap` apart) or
   # "gated" (the second counts only where the first is >= `threshold`).
   c.reward_combinator = ml_collections.ConfigDict(dict(name="sum", min_gap=1.0, threshold=1.0))
+  # Seconds the rewards (and the grader) may spend on one completion, scored in a worker
+  # process; one that runs over scores 0, is logged as "reward_timeouts", and the step goes
+  # on (jaxrl_agents/rewards/time_limit.py). 0 turns the limit off (scored in-process).
+  c.reward_time_limit_s = 10.0
   # "par" (Preference As Reward): the training reward becomes mean_m sigmoid(r - r_m) over
   # `references` replies of the initial policy to the same prompt (sampled each step).
   c.reward_shaping = ml_collections.ConfigDict(dict(name="none", references=2))
@@ -119,6 +124,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.sample_every = 5
   c.samples_per_log = 8
   c.tensorboard = True
+  # A workdir holds one run. True moves a previous run's files (checkpoints,
+  # logs, config.json) to <workdir>/previous/<time>/ and starts afresh; a
+  # workdir whose logs no checkpoint can continue is refused without it.
+  c.start_over = False
 
   if variant == "tiny":
     c.model = "tiny"
@@ -132,6 +141,21 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.checkpoint_every = 1
     c.sample_every = 1
     c.optimizer.learning_rate = 1e-3
+    tiny_reward(c)
   elif variant:
     raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")
+  return c
+
+
+def tiny_reward(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Makes short_reply count replies under 12 characters, for the tiny random model.
+
+  That model never answers right, and its 16-byte replies always fit the usual
+  40 characters: with a constant reward every advantage and gradient is zero,
+  and a smoke test could not tell a working update from a broken one. Its
+  replies decode to 1-16 characters, so at 12 nearly every group's rewards vary.
+  """
+  rewards = c.rewards.to_dict()
+  rewards["short_reply"] = {"weight": 0.2, "max_chars": 12}
+  c.rewards = ml_collections.ConfigDict(rewards)
   return c

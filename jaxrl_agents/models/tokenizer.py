@@ -9,11 +9,19 @@ every chat turn. A pad id that occurs inside real sequences makes masks built
 from it wrong, so tokenizers here always pad with a token the chat template
 never writes (`<|endoftext|>` for SmolLM2), and the library builds masks from
 lengths, never from the pad id.
+
+Data is never markup: the text of a prompt, a tool output or an observation
+may contain "<|im_end|>" or "<|im_start|>assistant", and encoded naively those
+become real control tokens that forge chat turns. `encode_prompts` encodes the
+chat template's own text with its control tokens and every message's content
+with special-token text spelled out as ordinary characters (`plain_ids`).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 from collections.abc import Sequence
 
 import numpy as np
@@ -136,11 +144,47 @@ def chat_prompt(tok, prompt: str | list[dict], system: str | None = None) -> str
   return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def plain_ids(tok, text: str) -> list[int]:
+  """Token ids of `text` in which special-token text is ordinary characters, never control."""
+  return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def encode_chat(tok, prompt: str | list[dict], system: str | None = None
+                ) -> tuple[list[int], list[tuple[int, int]]]:
+  """(token ids, [start, end) token span of each message's content) of a chat prompt.
+
+  The template is rendered with a unique placeholder per message; its text is
+  encoded with control tokens, each content with `plain_ids`. For ordinary
+  content this gives the same ids as encoding the rendered string whole (the
+  pieces meet where the chat template writes a special token or a newline).
+  """
+  messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+  if system is not None:
+    messages = [{"role": "system", "content": system}] + messages
+  nonce = secrets.token_hex(8)
+  marked = [{**m, "content": f"[[content-{nonce}-{i}]]"} for i, m in enumerate(messages)]
+  pieces = re.split(rf"\[\[content-{nonce}-(\d+)\]\]", chat_prompt(tok, marked))
+  placed = [int(i) for i in pieces[1::2]]
+  if sorted(placed) != list(range(len(messages))):
+    raise ValueError("the chat template does not write each message's content exactly once "
+                     "and unchanged; cannot keep content apart from control tokens")
+  ids, spans = [], []
+  for j, piece in enumerate(pieces):
+    if j % 2 == 0:
+      ids += tok.encode(piece, add_special_tokens=False) if piece else []
+    else:
+      content = plain_ids(tok, str(messages[int(piece)]["content"]))
+      spans.append((len(ids), len(ids) + len(content)))
+      ids += content
+  return ids, spans
+
+
 def encode_prompts(tok, prompts: Sequence[str], chat: bool = True,
                    system: str | None = None) -> list[list[int]]:
-  """Token ids per prompt, through the chat template unless chat=False."""
-  texts = [chat_prompt(tok, p, system) if chat else p for p in prompts]
-  return [tok.encode(t, add_special_tokens=False) for t in texts]
+  """Token ids per prompt, through the chat template unless chat=False; data stays plain text."""
+  if not chat:
+    return [plain_ids(tok, p) for p in prompts]
+  return [encode_chat(tok, p, system)[0] for p in prompts]
 
 
 def pad_left(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None

@@ -501,6 +501,10 @@ class Sampler:
     ids = tokenizer_lib.encode_prompts(self.model.tokenizer, prompts, self.chat, self.system)
     if any(len(s) == 0 for s in ids):
       raise ValueError("empty prompt: every prompt needs at least one token")
+    longest = max(len(s) for s in ids)
+    if longest > self.model.cfg.max_seq_len:
+      raise ValueError(f"a prompt of {longest} tokens is longer than the model's context "
+                       f"({self.model.cfg.max_seq_len} tokens)")
     return ids
 
   def _pad(self, ids: list[list[int]], batch_size: int | None):

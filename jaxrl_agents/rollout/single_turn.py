@@ -33,12 +33,14 @@ class Samples:
     examples: the B task examples (each prompt's repeated G times).
     prompts: the B user messages.
     completions: the B decoded completions.
+    prompts_truncated: unique prompts shortened to fit the context (overflow "truncate").
   """
 
   traj: types.Trajectory
   examples: list[Mapping[str, Any]]
   prompts: list[str]
   completions: list[str]
+  prompts_truncated: int = 0
 
 
 def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list[str]:
@@ -53,11 +55,54 @@ def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list
   return out
 
 
-def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None
-           ) -> tuple[np.ndarray, np.ndarray]:
-  """Left-padded int32[B, Lp] prompt tokens and mask (Lp: `shapes.prompt_width`)."""
-  ids = tokenizer_lib.encode_prompts(tokenizer, prompts, chat, system)
-  return _pad_prompts(ids, tokenizer.pad_token_id)
+# What happens to a prompt that leaves too little context for the completion
+# budget: "error" stops with a message naming it, "truncate" drops tokens from
+# the start of its longest message content (the chat template's tokens stay)
+# and counts it in the metrics.
+PROMPT_OVERFLOW = ("error", "truncate")
+
+
+def fit_prompt(ids: list[int], spans: Sequence[tuple[int, int]], limit: int, overflow: str,
+               index: int) -> tuple[list[int], bool]:
+  """(ids of at most `limit` tokens, whether it was shortened) of one encoded prompt."""
+  if len(ids) <= limit:
+    return ids, False
+  excess = len(ids) - limit
+  start, end = max(spans, key=lambda se: se[1] - se[0], default=(0, 0))
+  if overflow not in PROMPT_OVERFLOW:
+    raise ValueError(f"prompt_overflow must be one of {PROMPT_OVERFLOW}, got {overflow!r}")
+  if overflow == "error" or end - start < excess:
+    raise ValueError(
+        f"prompt {index} has {len(ids)} tokens; with the completion budget it needs more than "
+        f"the model's context allows ({limit} prompt tokens at most). Shorten it, lower "
+        "max_new_tokens, or set prompt_overflow='truncate'"
+        + (" (it cannot be truncated: its content is too short)" if overflow == "truncate"
+           else ""))
+  return ids[:start] + ids[start + excess:], True
+
+
+def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
+           limit: int | None = None, overflow: str = "error"
+           ) -> tuple[np.ndarray, np.ndarray, int]:
+  """Left-padded int32[B, Lp] prompt tokens and mask (Lp: `shapes.prompt_width`), and how
+  many prompts were truncated to `limit` tokens (see PROMPT_OVERFLOW)."""
+  ids, truncated = [], 0
+  for i, prompt in enumerate(prompts):
+    if chat:
+      row, spans = tokenizer_lib.encode_chat(tokenizer, prompt, system)
+    else:
+      row = tokenizer_lib.plain_ids(tokenizer, prompt)
+      spans = [(0, len(row))]
+    if limit is not None:
+      row, cut = fit_prompt(row, spans, limit, overflow, i)
+      truncated += cut
+    ids.append(row)
+  return (*_pad_prompts(ids, tokenizer.pad_token_id), truncated)
+
+
+def context_limit(model: zoo.Model, max_new_tokens: int) -> int:
+  """The most prompt tokens that leave room for `max_new_tokens` in the model's context."""
+  return model.cfg.max_seq_len - max_new_tokens
 
 
 def _pad_prompts(ids: list[list[int]], pad_id: int):
@@ -90,13 +135,16 @@ def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) ->
 
 def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
            group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
-           system: str | None) -> Samples:
+           system: str | None, overflow: str = "error") -> Samples:
   """Samples `group_size` completions per example (one prefill per example).
 
   Rows are example-major: rows [i * G, (i + 1) * G) are example i's group.
+  Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW).
   """
   unique_prompts = format_prompts(examples, template)
-  unique_tokens, unique_mask = encode(model.tokenizer, unique_prompts, chat=chat, system=system)
+  unique_tokens, unique_mask, truncated = encode(
+      model.tokenizer, unique_prompts, chat=chat, system=system,
+      limit=context_limit(model, sampling.max_new_tokens), overflow=overflow)
   prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
                                                     model.tokenizer.pad_token_id)
   out = sampler_lib.generate(params, model.cfg, jnp.asarray(gen_tokens), jnp.asarray(gen_mask),
@@ -113,4 +161,5 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
       examples=[ex for ex in examples for _ in range(group_size)],
       prompts=[p for p in unique_prompts for _ in range(group_size)],
       completions=tokenizer_lib.decode_completions(model.tokenizer, host_tokens, lengths,
-                                                   sampling.stop_tokens))
+                                                   sampling.stop_tokens),
+      prompts_truncated=truncated)
