@@ -36,6 +36,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8,<10", "ruff>=0.8,<0.18",
+                 # property tests of the rewards on hostile replies
+                 "hypothesis>=6.100,<7",
                  # notebooks are executed headless by the test suite
                  "nbclient>=0.10,<0.12", "nbformat>=5.10,<6", "ipykernel>=6.29,<8"],
         # torch==2.13.0 resolves to the CPU build on the project's machines;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 
 import numpy as np
@@ -12,6 +13,8 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import registry, rl_loop
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.rewards import time_limit
+from jaxrl_agents.rollout import single_turn
 
 
 def setup_logging() -> None:
@@ -52,6 +55,12 @@ def validate_common(config) -> None:
   for key in ("time_budget_s", "eval_every_s"):
     if config.get(key, 0) < 0:
       raise ValueError(f"config.{key} must be >= 0 (0 turns it off), got {config[key]}")
+  lr = config.optimizer.learning_rate
+  if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
+    raise ValueError(f"config.optimizer.learning_rate must be a finite number > 0, got {lr!r}")
+  if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
+    raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
+                     f"got {config.prompt_overflow!r}")
   clock = config.optimizer.get("clock", "updates")
   if clock not in optim_lib.CLOCKS:
     raise ValueError(f"config.optimizer.clock must be one of {optim_lib.CLOCKS}, got {clock!r}")
@@ -108,7 +117,15 @@ def reward_weights(config) -> dict[str, float]:
 
 
 def make_rewards(config):
-  """(reward_fn -> (total, components), grader -> f32[B])."""
+  """(reward_fn -> (total, components), grader -> f32[B]).
+
+  Both score each completion within config.reward_time_limit_s (0: no limit) in
+  a worker process, so one reply that stalls a reward costs that reply's
+  reward (0), not the run; `time_limit.timeouts(reward_fn)` counts them.
+  """
+  limit = config.get("reward_time_limit_s", 0.0)
+  if limit < 0:
+    raise ValueError(f"config.reward_time_limit_s must be >= 0 (0 turns it off), got {limit}")
   spec = config.get("reward_combinator", None)
   combinator = spec.name if spec else "sum"
   weighted = rewards_lib.from_config(dict(config.rewards))  # options bound, names checked
@@ -128,6 +145,9 @@ def make_rewards(config):
   else:
     raise ValueError(f"reward_combinator must be one of {REWARD_COMBINATORS}, got {combinator!r}")
   grade = registry.get("reward", config.grader)
+  if limit:
+    reward_fn = time_limit.TimeLimited(reward_fn, limit)
+    grade = time_limit.TimeLimited(grade, limit)
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
 
 
@@ -136,12 +156,37 @@ def rollout_prompts(config) -> int:
   return config.prompts_per_step * config.get("oversample", 1)
 
 
+def check_prompt_lengths(config, model: zoo.Model, examples, path: str) -> int:
+  """Fails naming the first JSONL row whose prompt leaves less than max_new_tokens of the
+  model's context (prompt_overflow "error"); returns how many would be truncated."""
+  limit = single_turn.context_limit(model, config.max_new_tokens)
+  overflow = config.get("prompt_overflow", "error")
+  system = config.get("system_prompt") or None
+  too_long = 0
+  for i, ex in enumerate(examples):
+    (prompt,) = single_turn.format_prompts([ex], config.prompt_template)
+    try:
+      too_long += single_turn.encode(model.tokenizer, [prompt], chat=config.chat, system=system,
+                                     limit=limit, overflow=overflow)[2]
+    except ValueError as e:
+      raise ValueError(f"{path}:{i + 1}: {str(e).replace('prompt 0 has', 'the prompt has')}"
+                       ) from None
+  if too_long:
+    logging.getLogger(__name__).warning("%s: %d prompts will be truncated to fit the context",
+                                        path, too_long)
+  return too_long
+
+
 def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: bool = True
                    ) -> dict:
   """Data and rewards from the config, then `rl_loop.run`."""
   train_source, eval_examples = task_examples(config)
   loader = data_lib.make_loader(train_source, batch_size=rollout_prompts(config),
                                 seed=config.seed)
+  if config.jsonl_path:  # user data: every prompt checked before anything compiles
+    check_prompt_lengths(config, model, train_source, config.jsonl_path)
+    if config.get("eval_jsonl_path"):
+      check_prompt_lengths(config, model, eval_examples, config.eval_jsonl_path)
   reward_fn, grader = make_rewards(config)
   return rl_loop.run(config, workdir, algorithm, model, train_data=loader,
                      eval_examples=eval_examples, reward_fn=reward_fn, grader=grader,

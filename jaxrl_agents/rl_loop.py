@@ -31,6 +31,7 @@ import numpy as np
 from jaxrl_agents import credit, harness, types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import sampler as sampler_lib
 from jaxrl_agents.rollout import single_turn
 
@@ -58,6 +59,7 @@ class Rollout:
     rewards: f32[B] total reward.
     components: per-component f32[B] rewards.
     correct: f32[B] the grader's verdict (accuracy).
+    prompts_truncated: prompts shortened to fit the context (config.prompt_overflow).
   """
 
   traj: types.Trajectory
@@ -67,6 +69,7 @@ class Rollout:
   rewards: np.ndarray
   components: dict[str, np.ndarray]
   correct: np.ndarray
+  prompts_truncated: int = 0
 
 
 class RewardFn(Protocol):
@@ -79,16 +82,18 @@ class RewardFn(Protocol):
 def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
             group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
             system: str | None, reward_fn: RewardFn,
-            grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray]) -> Rollout:
+            grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray],
+            overflow: str = "error") -> Rollout:
   """`single_turn.sample`, then the rewards and the grader's verdicts of the completions."""
   s = single_turn.sample(params, model, examples, rng, group_size=group_size, sampling=sampling,
-                         template=template, chat=chat, system=system)
+                         template=template, chat=chat, system=system, overflow=overflow)
   total, components = reward_fn(s.completions, s.examples)
   total = np.asarray(total, np.float32)
   return Rollout(traj=types.with_outcome(s.traj, total), examples=s.examples, prompts=s.prompts,
                  completions=s.completions, rewards=total,
                  components={k: np.asarray(v, np.float32) for k, v in components.items()},
-                 correct=np.asarray(grader(s.completions, s.examples), np.float32))
+                 correct=np.asarray(grader(s.completions, s.examples), np.float32),
+                 prompts_truncated=s.prompts_truncated)
 
 
 def par_shaped(r: Rollout, reference_rewards: np.ndarray, group_size: int) -> Rollout:
@@ -122,6 +127,7 @@ def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[st
       # Hit the token budget (a completion may end exactly there with its stop
       # token, but the sampler counts that token in its length only when live).
       "truncated_frac": float((lengths >= max_new_tokens).mean()),
+      "prompts_truncated": r.prompts_truncated,
   }
   if group_size > 1:
     # Groups whose rewards all tie give zero group-relative advantage: no signal.
@@ -135,25 +141,30 @@ def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[st
 
 def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
              batch_size: int, max_new_tokens: int, template: str, chat: bool,
-             system: str | None, reward_fn: RewardFn, grader) -> tuple[dict, list[dict]]:
+             system: str | None, reward_fn: RewardFn, grader, overflow: str = "error"
+             ) -> tuple[dict, list[dict]]:
   """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples."""
   sampling = sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, temperature=0.0,
       stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
       pad_id=model.tokenizer.pad_token_id)
-  completions, used = [], []
+  completions, used, prompts_truncated = [], [], 0
   for start in range(0, len(examples), batch_size):
     chunk = list(examples[start:start + batch_size])
     padded = chunk + [chunk[0]] * (batch_size - len(chunk))  # one compiled batch shape
     s = single_turn.sample(params, model, padded, jax.random.key(0), group_size=1,
-                           sampling=sampling, template=template, chat=chat, system=system)
+                           sampling=sampling, template=template, chat=chat, system=system,
+                           overflow=overflow)
     completions += s.completions[:len(chunk)]
     used += chunk
+    prompts_truncated += s.prompts_truncated
   total, components = reward_fn(completions, used)
+  timeouts = time_limit.timeouts(reward_fn)
   correct = np.asarray(grader(completions, used), np.float32)
   result = {"accuracy": float(correct.mean()), "reward_mean": float(np.mean(total)),
             "response_chars": float(np.mean([len(c) for c in completions])),
-            "num_examples": len(used)}
+            "num_examples": len(used), "reward_timeouts": timeouts,
+            "prompts_truncated": prompts_truncated}
   for name, values in components.items():
     result[f"reward/{name}_mean"] = float(np.mean(values))
   samples = [{"prompt": prompt, "completion": c, "answer": ex.get("answer"),
@@ -214,7 +225,8 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
       stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
       pad_id=model.tokenizer.pad_token_id)
   prompt_kwargs = dict(template=config.prompt_template, chat=config.chat,
-                       system=config.get("system_prompt") or None)
+                       system=config.get("system_prompt") or None,
+                       overflow=config.get("prompt_overflow", "error"))
   shaping = config.get("reward_shaping", None)
   # PAR's references come from the initial policy, kept apart: the train state
   # may donate (and so delete) the initial params at its first update.
@@ -228,10 +240,12 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     r = rollout(algorithm.policy_params(state), model, examples, rollout_rng,
                 group_size=config.group_size, sampling=sampling, reward_fn=reward_fn,
                 grader=grader, **prompt_kwargs)
+    reward_timeouts = time_limit.timeouts(reward_fn)  # completions scored 0 for running over
     if par_references:
       ref = single_turn.sample(reference_params, model, examples, jax.random.fold_in(rng, 7),
                                group_size=par_references, sampling=sampling, **prompt_kwargs)
       ref_total, _ = reward_fn(ref.completions, ref.examples)
+      reward_timeouts += time_limit.timeouts(reward_fn)
       r = par_shaped(r, np.reshape(ref_total, (len(examples), par_references)),
                      config.group_size)
     t1 = time.perf_counter()
@@ -244,6 +258,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         **rollout_metrics(r, config.group_size, config.max_new_tokens),
         **{k: float(v) for k, v in update_metrics.items()},
         "skipped_updates": algorithm.nonfinite_count(state)[1],
+        "reward_timeouts": reward_timeouts,
         "rollout_time_s": t1 - t0, "update_time_s": t2 - t1,
         "rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
         "update_tokens_per_s": int(np.asarray(r.traj.valid).sum()) * config.get("epochs", 1)

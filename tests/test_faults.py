@@ -387,3 +387,33 @@ def test_a_broken_learning_rate_is_caught_by_the_smoke_config(tmp_path):
   config.optimizer.learning_rate = 1e30
   with pytest.raises(harness.TrainingStopped, match="consecutive updates had a non-finite"):
     grpo.train(config, str(tmp_path), progress=False)
+
+
+def test_a_jsonl_prompt_too_long_for_the_context_is_named_before_anything_compiles(tmp_path):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+
+  path = tmp_path / "data.jsonl"
+  rows = [{"prompt": "1+1?", "answer": "2"}] * 3 + [{"prompt": "y" * 5000, "answer": "3"}]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  config = grpo_arithmetic.get_config("tiny")  # the tiny model's context: 512 tokens
+  config.task, config.jsonl_path, config.prompt_template = "", str(path), "{prompt}"
+  with pytest.raises(ValueError, match=r"data.jsonl:4: the prompt has 50\d\d tokens"):
+    grpo.train(config, str(tmp_path / "run"), progress=False)
+  assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+  config.prompt_overflow, config.steps, config.eval_every = "truncate", 1, 0
+  config.prompts_per_step = 4
+  grpo.train(config, str(tmp_path / "run2"), progress=False)
+  (record,) = [r for r in _records(str(tmp_path / "run2")) if r["kind"] == "train"]
+  assert record["prompts_truncated"] == 1
+
+
+@pytest.mark.parametrize("lr", [0.0, -1e-3, float("nan"), float("inf")])
+def test_a_learning_rate_that_cannot_train_is_refused(tmp_path, lr):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.optimizer.learning_rate = lr
+  with pytest.raises(ValueError, match="learning_rate must be a finite number > 0"):
+    grpo.train(config, str(tmp_path), progress=False)

@@ -42,6 +42,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.prompt_template = "{question} Answer with just the number."
   c.system_prompt = ""
   c.chat = True
+  # A prompt that leaves less than max_new_tokens of the model's context: "error"
+  # (names it, before anything compiles for JSONL data) or "truncate" (drops the
+  # start of its longest message; counted as "prompts_truncated").
+  c.prompt_overflow = "error"
 
   # Rewards: registered reward names -> weights; the grader gives the accuracy.
   c.rewards = ml_collections.ConfigDict({"math_strict": 1.0, "short_reply": 0.2})

@@ -27,23 +27,29 @@ Number syntax (choices shared by every grader, so they disagree only on
   binary minus: "x = -5" reads -5, "10-5" reads 10 then 5.
 * Scientific notation, fractions ("1/2", "\frac{1}{2}") and words ("twelve")
   are not numbers here.
-* Digits are the ASCII 0-9 only: Arabic-Indic, fullwidth and other Unicode
-  digits are not read as numbers (a reply in them is not a stated answer).
+* What counts as a digit: the ASCII characters 0-9 and nothing else.
+  Arabic-Indic ("\u0665"), fullwidth ("\uff15"), superscript ("\u00b2") and
+  every other Unicode digit is text, not part of a number (a reply written in
+  them states no answer), although `str.isdigit` and the regex `\d` accept them.
 * A number of more than `MAX_NUMBER_DIGITS` digits is not a number here (no
   answer has that many; Python refuses to convert more than 4300 digits).
 
-A final statement is looked for in the last `FINAL_STATEMENT_WINDOW` characters
-of the reply (trailing whitespace removed first), with possessive quantifiers
-where a long run of whitespace or markup would otherwise make the regex
-backtrack (it took minutes on 1000 spaces). Still not linear: scanning a run
-of k comma groups ("1,234,234,...,5") costs O(k^2), and `extract_boxed` O(n k)
-on k unclosed boxes; harmless at the token budgets used here.
+Every reader runs in time linear in the reply's length, whatever it holds
+(tests/test_reward_properties.py checks this on hostile replies). Numbers
+are found by one left-to-right scan (`_numbers`) that reads exactly what
+`_NUMBER_RE.finditer` would: the regex itself rescans a malformed run of k
+comma groups ("1,234,234,...,5") from each group, O(k^2). \boxed{} contents
+come from one pass over the braces with a stack of open ones (`extract_boxed`),
+not one forward scan per opening. A final statement is looked for in the last
+`FINAL_STATEMENT_WINDOW` characters of the reply (trailing whitespace removed
+first), with possessive quantifiers where a long run of whitespace or markup
+would otherwise make the regex backtrack (it took minutes on 1000 spaces).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -59,8 +65,18 @@ _UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?!,[0-9])|[0-9]+)(?:\.[0-9]+)
 # A sign counts only when the previous character cannot end an operand, so the
 # minus of "10-5" or "f(x)-3" stays a binary operator.
 _SIGNED = r"(?:(?<![\w)\]}])[-+\u2212])?" + _UNSIGNED
+# The numbers of a reply are what _NUMBER_RE.finditer reads; `_numbers` reads the
+# same in linear time (tests/test_reward_properties.py compares the two).
 _NUMBER_RE = re.compile(_SIGNED)
 _BARE_NUMBER_RE = re.compile(r"[-+\u2212]?" + _UNSIGNED)
+# The pieces `_numbers` scans with: possessive, so none of them backtracks.
+_DIGIT_RUN_RE = re.compile(r"[0-9]++")
+_GROUPS_RE = re.compile(r"(?:,[0-9]{3})++")
+_MALFORMED_GROUP_END_RE = re.compile(r",?[0-9]")
+_DECIMALS_RE = re.compile(r"\.[0-9]++")
+_OPERAND_END_RE = re.compile(r"[\w)\]}]")
+_SIGNS = "-+\u2212"
+_ASCII_DIGITS = "0123456789"
 
 # Markup a model may wrap around a final number: markdown bold/code, $...$,
 # \(...\), \[...\].
@@ -68,7 +84,7 @@ _DECOR = r"(?:\*\*|\*|`|\$|\\\$|\\\(|\\\)|\\\[|\\\])*+"
 # An explicit final statement at the very end of the reply. "answer" may be
 # followed by a few words ("the answer to the question is 7", "Final answer: 7").
 _FINAL_STATEMENT_RE = re.compile(
-    r"(?:\banswer\b[^\n\d=:]{0,30}?(?:\bis\b\s*:?|:)|=|####)\s*" + _DECOR + r"\s*"
+    r"(?:\banswer\b[^\n0-9=:]{0,30}?(?:\bis\b\s*+:?|:)|=|####)\s*+" + _DECOR + r"\s*+"
     r"(?P<number>[-+\u2212]?" + _UNSIGNED + r")\s*+" + _DECOR + r"\s*+\.?\s*+" + _DECOR
     + r"\s*+$",
     re.IGNORECASE,
@@ -78,7 +94,9 @@ _FINAL_STATEMENT_RE = re.compile(
 # without trying every split of a long run between them.
 FINAL_STATEMENT_WINDOW = 1024
 MAX_NUMBER_DIGITS = 100
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*+\{")
+# A box opening (its brace included) or a lone brace, for `extract_boxed`'s single pass.
+_BRACE_RE = re.compile(_BOXED_RE.pattern + r"|[{}]")
 # LaTeX and markup that may surround a number inside \boxed{...}. "%" goes too:
 # GSM8K writes percentages as the bare number.
 _BOXED_NOISE_RE = re.compile(r"\\[,!;: ]|\\\$|\$|\\%|%|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|[{}]")
@@ -89,21 +107,26 @@ def extract_boxed(text: str) -> str | None:
 
   Braces nest: "\boxed{\frac{1}{2}}" gives "\frac{1}{2}". A \boxed{ whose
   brace is never closed (a truncated reply) is skipped in favour of the
-  previous complete one.
+  previous complete one. "Last" is by opening: in "\boxed{\boxed{1}}" it is
+  the inner box.
+
+  One left-to-right pass with a stack of the open braces, so linear in
+  `text` even with thousands of unclosed boxes: a brace closes the most
+  recent open one, which is how each box's own count of depth matches too.
 
   Returns:
     The content between the braces, or None if there is no complete box.
   """
-  for match in reversed(list(_BOXED_RE.finditer(text))):
-    depth = 1
-    for i in range(match.end(), len(text)):
-      if text[i] == "{":
-        depth += 1
-      elif text[i] == "}":
-        depth -= 1
-        if depth == 0:
-          return text[match.end():i]
-  return None
+  open_braces: list[int | None] = []  # content start of each open box, None for a plain "{"
+  last = None  # (content start, end) of the complete box opened last
+  for match in _BRACE_RE.finditer(text):
+    if match.group() != "}":
+      open_braces.append(match.end() if match.group() != "{" else None)
+    elif open_braces:
+      start = open_braces.pop()
+      if start is not None and (last is None or start > last[0]):
+        last = (start, match.start())
+  return text[last[0]:last[1]] if last is not None else None
 
 
 def count_boxed(text: str) -> int:
@@ -118,15 +141,45 @@ def parse_number(text: str) -> Fraction | None:
   numbers here; `strict_answer` and `lenient_answer` strip such markup).
   """
   text = text.strip()
-  if sum(c.isdigit() for c in text) > MAX_NUMBER_DIGITS or not _BARE_NUMBER_RE.fullmatch(text):
+  if sum(map(text.count, _ASCII_DIGITS)) > MAX_NUMBER_DIGITS \
+      or not _BARE_NUMBER_RE.fullmatch(text):
     return None
   return Fraction(text.replace(",", "").replace("\u2212", "-"))
 
 
+def _numbers(text: str) -> Iterator[str]:
+  """Every number written in `text`, left to right, as written (see the module docstring).
+
+  Reads exactly what `_NUMBER_RE.finditer` reads, in one pass. Grouping is
+  tried from the first digit run of a number only: when a run of comma
+  groups is malformed at its end, the regex would read its first digits and
+  then try grouping again from every later group of the run, scanning to the
+  same bad end each time; here the bad end is remembered instead.
+  """
+  pos = 0
+  malformed_until = -1  # groups starting before this end in a malformed run
+  while (run := _DIGIT_RUN_RE.search(text, pos)) is not None:
+    start, end = run.span()
+    if end - start <= 3 and start >= malformed_until:
+      groups = _GROUPS_RE.match(text, end)
+      if groups and _MALFORMED_GROUP_END_RE.match(text, groups.end()):
+        malformed_until = groups.end()
+      elif groups:
+        end = groups.end()
+    decimals = _DECIMALS_RE.match(text, end)
+    if decimals:
+      end = decimals.end()
+    if start > 0 and text[start - 1] in _SIGNS \
+        and not (start > 1 and _OPERAND_END_RE.match(text, start - 2)):
+      start -= 1
+    yield text[start:end]
+    pos = end
+
+
 def last_number(text: str) -> str | None:
   """The last number (integer or decimal, optionally signed) written in `text`, as written."""
-  matches = _NUMBER_RE.findall(text)
-  return matches[-1] if matches else None
+  numbers = list(_numbers(text))
+  return numbers[-1] if numbers else None
 
 
 def last_integer(text: str) -> str | None:
@@ -136,9 +189,9 @@ def last_integer(text: str) -> str | None:
   naive `-?\\d+` reads "5"), so "it costs 7, or 3.5 each" gives "7".
   """
   last = None
-  for match in _NUMBER_RE.finditer(text):
-    if "." not in match.group():
-      last = match.group()
+  for number in _numbers(text):
+    if "." not in number:
+      last = number
   return last
 
 

@@ -15,6 +15,10 @@ Where the expression is read from (`extract_expression`): the last
 line that looks like an arithmetic expression (digits and at least one
 operator). Either may end with "= N"; a stated N that is not the target fails,
 even when the left side is right, since the reply then asserts wrong arithmetic.
+Digits are ASCII 0-9 only, as in `jaxrl_agents.rewards.answers`. Reading a
+reply takes time linear in its length (one pass over the answer tags, and
+trailing markup matched on the reversed line); parsing is bounded by
+`MAX_EXPRESSION_CHARS`.
 """
 
 from __future__ import annotations
@@ -39,15 +43,21 @@ _ALLOWED_CHARS_RE = re.compile(r"[0-9+\-*/() ]+")
 # An operator between two operands, so a lone "-5" is not an expression line; "**" is
 # matched so that "2**100" reaches the parser and is rejected there, with a reason.
 _HAS_OPERATOR_RE = re.compile(r"[\d)]\s*[-+*/]+\s*[\d(-]")
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+# An opening or closing answer tag; `_last_answer_block` pairs them in one pass (the
+# regex "<answer>(.*?)</answer>" rescans to the end from every unclosed tag, O(n^2)).
+_ANSWER_TAG_RE = re.compile(r"<(/?)answer>", re.IGNORECASE)
 _STATED_RESULT_RE = re.compile(r"=\s*(-?[0-9]+)\s*$")
 # A stated result longer than this cannot be a target; it is kept as a value no target
 # equals, without converting it (int() refuses more than 4300 digits).
 _MAX_STATED_DIGITS = 12
 # A label before the expression ("Answer: 3 * 8"); letters only, so no digit is lost.
 _LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z ]*:\s*")
-# Markup around a line: math delimiters, markdown code and bold, a final period.
-_WRAPPERS_RE = re.compile(r"^(?:\$+|`+|\*\*|\\\(|\\\[)\s*|\s*(?:\$+|`+|\*\*|\\\)|\\\])?\.?$")
+# Markup around a line: math delimiters, markdown code and bold, a final period. The
+# trailing markup is matched on the reversed line, from its start: a forward regex
+# anchored at the end ("...$") is tried from every position, and from each position in a
+# long run of "$" or "`" scans to the run's end (quadratic; seconds on 20k characters).
+_LEADING_WRAPPER_RE = re.compile(r"(?:\$+|`+|\*\*|\\\(|\\\[)\s*")
+_TRAILING_WRAPPER_REVERSED_RE = re.compile(r"\.?(?:\$+|`+|\*\*|\)\\|\]\\)?\s*")
 
 
 class ExpressionError(ValueError):
@@ -135,10 +145,34 @@ def evaluate_expression(expression: str) -> tuple[Fraction, tuple[int, ...]]:
   return evaluate(parsed), parsed.numbers
 
 
+def _strip_wrappers(line: str) -> str:
+  """`line` without one layer of leading and of trailing markup (see _LEADING_WRAPPER_RE)."""
+  leading = _LEADING_WRAPPER_RE.match(line)
+  if leading:
+    line = line[leading.end():]
+  trailing = _TRAILING_WRAPPER_REVERSED_RE.match(line[::-1]).end()
+  return line[:len(line) - trailing]
+
+
+def _last_answer_block(reply: str) -> str | None:
+  """Content of the last <answer>...</answer> block, or None if no block is closed.
+
+  A block runs from an opening tag to the first closing tag after it (tags
+  inside it are content), as with the lazy regex "<answer>(.*?)</answer>".
+  """
+  content_start, last = None, None
+  for tag in _ANSWER_TAG_RE.finditer(reply):
+    if not tag.group(1) and content_start is None:
+      content_start = tag.end()
+    elif tag.group(1) and content_start is not None:
+      last, content_start = reply[content_start:tag.start()], None
+  return last
+
+
 def _split_stated_result(text: str, need_operator: bool) -> tuple[str, int | None] | None:
   text = " ".join(text.split())
   for _ in range(2):  # e.g. "$(1 + 2) * 3$." has two layers
-    text = _WRAPPERS_RE.sub("", text).strip()
+    text = _strip_wrappers(text).strip()
   text = _LABEL_RE.sub("", text)
   stated = None
   match = _STATED_RESULT_RE.search(text)
@@ -165,9 +199,9 @@ def extract_expression(reply: str) -> tuple[str, int | None] | None:
   trailing "= N" (returned as the stated result). The expression is returned
   as text; whether it parses is `parse_expression`'s business.
   """
-  tags = _ANSWER_TAG_RE.findall(reply)
-  if tags:
-    return _split_stated_result(tags[-1], need_operator=False)
+  block = _last_answer_block(reply)
+  if block is not None:
+    return _split_stated_result(block, need_operator=False)
   for line in reversed(reply.splitlines()):
     found = _split_stated_result(line, need_operator=True)
     if found is not None:
