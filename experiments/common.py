@@ -9,8 +9,8 @@ import sys
 import numpy as np
 
 from jaxrl_agents import data as data_lib
+from jaxrl_agents import harness, registry, rl_loop
 from jaxrl_agents import optim as optim_lib
-from jaxrl_agents import registry, rl_loop
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import time_limit
@@ -61,6 +61,7 @@ def validate_common(config) -> None:
   if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
     raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
                      f"got {config.prompt_overflow!r}")
+  harness.validate_run_keys(config)
   clock = config.optimizer.get("clock", "updates")
   if clock not in optim_lib.CLOCKS:
     raise ValueError(f"config.optimizer.clock must be one of {optim_lib.CLOCKS}, got {clock!r}")
@@ -164,10 +165,10 @@ def check_prompt_lengths(config, model: zoo.Model, examples, path: str) -> int:
   system = config.get("system_prompt") or None
   too_long = 0
   for i, ex in enumerate(examples):
-    (prompt,) = single_turn.format_prompts([ex], config.prompt_template)
     try:
-      too_long += single_turn.encode(model.tokenizer, [prompt], chat=config.chat, system=system,
-                                     limit=limit, overflow=overflow)[2]
+      too_long += int(single_turn.encode_examples(
+          model.tokenizer, [ex], config.prompt_template, chat=config.chat, system=system,
+          limit=limit, overflow=overflow)[2].sum())
     except ValueError as e:
       raise ValueError(f"{path}:{i + 1}: {str(e).replace('prompt 0 has', 'the prompt has')}"
                        ) from None

@@ -101,7 +101,8 @@ class Checkpointer:
     """Writes step `step`; overwrites nothing (a step already saved is skipped)."""
     if step in self.steps():
       return
-    meta = {**meta, "digests": {"state": state_digests(state), "data": _json_digest(data_state)}}
+    meta = {**meta, "digests": {"state": state_digests(state), "data": _json_digest(data_state),
+                                "meta": _json_digest(meta)}}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
@@ -126,9 +127,10 @@ class Checkpointer:
                   "restored unverified", step)
     else:
       verify_digests(state, digests["state"], f"checkpoint step {step} state")
-      if _json_digest(data) != digests["data"]:
-        raise CorruptCheckpoint(f"checkpoint step {step}: the data-iterator state differs "
-                                "from its digest")
+      for name, value in (("data-iterator state", data), ("metadata", meta)):
+        key = "data" if name.startswith("data") else "meta"
+        if key in digests and _json_digest(value) != digests[key]:
+          raise CorruptCheckpoint(f"checkpoint step {step}: its {name} differs from its digest")
     return state, data, meta
 
   def latest_meta(self) -> tuple[int, dict] | None:

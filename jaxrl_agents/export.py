@@ -11,9 +11,9 @@ and the architecture and tokenizer from the run's model (its config.json).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -34,47 +34,77 @@ def parse_args(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-# What an export directory holds; --overwrite replaces only a directory of these,
-# so a mistyped --out (a home directory, a dataset) is never emptied.
-EXPORT_FILES = ("config.json", "generation_config.json", "*.safetensors",
-                "*.safetensors.index.json", "tokenizer*.json", "special_tokens_map.json",
-                "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+# What an export directory holds, by exact name; --overwrite replaces only a
+# directory of these, so a mistyped --out (a home directory, a dataset) or a
+# file of the user's that merely looks similar is never deleted.
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors",
+                "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
+                "added_tokens.json")
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 def _check_replaceable(out: str) -> None:
   foreign = sorted(name for name in os.listdir(out)
                    if os.path.isdir(os.path.join(out, name))
-                   or not any(fnmatch.fnmatch(name, p) for p in EXPORT_FILES))
+                   or not (name in EXPORT_FILES or _SHARD.fullmatch(name)))
   if foreign:
     raise SystemExit(f"--out {out!r} holds {', '.join(foreign[:5])}, which an export does not "
                      "write; --overwrite only replaces a previous export. Choose another --out")
 
 
 def _write_clean(out: str, write) -> None:
-  """Runs write(dir) into a fresh directory that then replaces `out` (no stale files remain)."""
-  parent = os.path.dirname(os.path.abspath(out))
+  """Runs write(dir) into a fresh directory that then takes the place of `out`.
+
+  The old directory is renamed away before the new one moves in, and deleted
+  last: a failure at any point leaves either the old export or the new one.
+  """
+  parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  old = None
   try:
     write(tmp)
     if os.path.exists(out):
-      shutil.rmtree(out)
+      old = tempfile.mkdtemp(prefix=".export-old-", dir=parent)
+      os.rename(out, os.path.join(old, "previous"))
     os.rename(tmp, out)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
+    if old is not None and not os.path.exists(out):
+      os.rename(os.path.join(old, "previous"), out)
     raise
+  finally:
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+
+
+def _out_dir(out: str) -> str:
+  """The real directory --out names (symlinks followed, '.' and relative paths resolved)."""
+  if not out.strip():
+    raise SystemExit("--out must name a directory")
+  real = os.path.realpath(out)
+  if os.path.exists(real) and not os.path.isdir(real):
+    raise SystemExit(f"--out {out!r} is a file, not a directory")
+  if real == os.path.realpath(os.getcwd()) or real == os.path.dirname(real):
+    # Replacing the working directory (or /) from inside it is not an export.
+    if os.path.isdir(real) and os.listdir(real):
+      raise SystemExit(f"--out {out!r} is the current (or root) directory; name the export's "
+                       "own directory")
+  return real
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                       format="%(asctime)s %(levelname)s %(message)s")
-  if os.path.exists(args.out) and not os.path.isdir(args.out):
-    raise SystemExit(f"--out {args.out!r} is a file, not a directory")
-  if os.path.isdir(args.out) and os.listdir(args.out):
+  out = _out_dir(args.out)
+  if os.path.isdir(out) and os.listdir(out):
     if not args.overwrite:
       raise SystemExit(f"--out {args.out!r} exists and is not empty; pass --overwrite")
-    _check_replaceable(args.out)
+    _check_replaceable(out)
+  if args.workdir and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
+    raise SystemExit(f"--workdir {args.workdir!r} holds no checkpoints/ (not a training run)")
   if args.workdir:
     params, meta, step = checkpointing.latest_policy_params(args.workdir)
     model = zoo.load(args.model or meta["config"]["model"])
@@ -84,8 +114,8 @@ def main(argv=None) -> int:
   else:
     model = zoo.load(args.model or zoo.DEFAULT_MODEL)
     source = model.name
-  _write_clean(args.out, lambda d: weights.save_hf_dir(model.params, model.cfg, d,
-                                                       tokenizer=model.tokenizer))
+  _write_clean(out, lambda d: weights.save_hf_dir(model.params, model.cfg, d,
+                                                  tokenizer=model.tokenizer))
   logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
   return 0
 

@@ -42,6 +42,7 @@ What a run guarantees about its workdir:
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import math
@@ -101,7 +102,13 @@ class StepResult(NamedTuple):
 RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
     "keep_checkpoints", "sample_every", "samples_per_log", "tensorboard",
-    "max_consecutive_nonfinite", "time_budget_s", "eval_every_s", "start_over"})
+    "max_consecutive_nonfinite", "time_budget_s", "eval_every_s", "start_over",
+    # A safety limit: it changes a result only for a reply whose reward stalls.
+    "reward_time_limit_s"})
+
+# Keys added to the configs after runs existed, and the value that reproduces
+# those runs: a checkpoint whose config lacks one resumes under that value.
+BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": ""}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",
@@ -129,7 +136,7 @@ def check_resumable(saved: Mapping, current: Mapping, workdir: str) -> None:
   A resumed run must continue the run it resumes; to run a changed experiment,
   use a new workdir.
   """
-  old, new = _flat(saved), _flat(current)
+  old, new = ({**BACKWARD_DEFAULTS, **_flat(d)} for d in (saved, current))
   changed = sorted(k for k in old.keys() | new.keys()
                    if old.get(k, "<unset>") != new.get(k, "<unset>")
                    and k not in RESUMABLE_CHANGES)
@@ -179,21 +186,43 @@ def _has_logs(workdir: str) -> bool:
 
 def _unresumable_logs(workdir: str, why: str) -> ValueError:
   return ValueError(
-      f"{workdir} holds the logs of a run that cannot be resumed ({why}); nothing was changed. "
+      f"{workdir} holds the logs of a run that cannot be resumed ({why}); its logs are untouched. "
       f"Set config.start_over=True (--config.start_over=True) to move that run's files to "
       f"{os.path.join(workdir, workdir_lib.PREVIOUS_DIR)}/ and start again, or use a new workdir")
 
 
-def _prepare(config, workdir: str) -> None:
-  """Checks the run keys of the config and, with start_over, clears the workdir; loads nothing."""
+def validate_run_keys(config) -> None:
+  """Checks the config keys the harness reads; trainers call it before loading a model."""
   limit = config.get("max_consecutive_nonfinite", 1)
   if not isinstance(limit, int) or limit < 1:
     raise ValueError(f"config.max_consecutive_nonfinite must be an integer >= 1 (updates "
                      f"skipped in a row before the run stops), got {limit!r}")
-  if config.get("start_over", False):
-    dest = workdir_lib.move_aside(workdir, RUN_FILES)
-    if dest:
-      log.warning("start_over: moved the previous run's files in %s to %s", workdir, dest)
+
+
+def _start_over(config, workdir: str, ckpt: checkpointing.Checkpointer) -> bool:
+  """Moves the previous run aside for config.start_over; False when this run already did.
+
+  A run started over writes start_over=True into its checkpoints, so the same
+  command relaunched after a preemption resumes it instead of starting over
+  again (and again).
+  """
+  saved = ckpt.latest_meta()
+  if saved is not None:
+    saved_config = saved[1].get("config", {})
+    try:
+      check_resumable(saved_config, config_to_dict(config), workdir)
+      relaunch = bool(saved_config.get("start_over"))
+    except ValueError:
+      relaunch = False
+    if relaunch:
+      log.warning("start_over: %s holds the run this config started over (checkpoint step %d, "
+                  "written with start_over=True); resuming it. To start over again, use a new "
+                  "workdir", workdir, saved[0])
+      return False
+  dest = workdir_lib.move_aside(workdir, RUN_FILES)
+  if dest:
+    log.warning("start_over: moved the previous run's files in %s to %s", workdir, dest)
+  return True
 
 
 def _logs_without_checkpoint(config, workdir: str) -> None:
@@ -203,6 +232,10 @@ def _logs_without_checkpoint(config, workdir: str) -> None:
   config starts that run again, so its logs go to previous/ (with a warning).
   Under another config (or none recorded) the user decides.
   """
+  aside = sorted(glob.glob(os.path.join(workdir, "checkpoints", "*.unreadable*")))
+  if aside:
+    raise _unresumable_logs(workdir, f"its checkpoints were unreadable and are set aside "
+                            f"({', '.join(os.path.basename(p) for p in aside[:4])})")
   try:
     with open(os.path.join(workdir, "config.json")) as f:
       check_resumable(json.load(f), config_to_dict(config), workdir)
@@ -228,6 +261,7 @@ class _Run:
   step: int = 0
   train_time: float = 0.0
   last_eval: dict = dataclasses.field(default_factory=dict)
+  last_eval_step: int = -1
   next_timed_eval: float = math.inf
 
   @property
@@ -248,11 +282,15 @@ class _Run:
       _restore_data(self.data, data_state, self.step)
       log.info("resumed from step %d in %s", self.step, self.ckpt.directory)
     elif _has_logs(self.workdir):  # every checkpoint was damaged (and set aside)
-      raise _unresumable_logs(self.workdir, "no checkpoint is readable")
+      raise _unresumable_logs(self.workdir, "no checkpoint is readable: they were set aside as "
+                              "checkpoints/N.unreadable")
     # Log lines past the checkpoint would be repeated: they move aside, and
     # TensorBoard hides its events from the next step on.
     moved = metrics_lib.MetricWriter(
         self.workdir, tensorboard=False).truncate_after(self.step)
+    self.last_eval_step = max((rec["step"] for rec in metrics_lib.read_jsonl(
+        os.path.join(self.workdir, metrics_lib.METRICS_FILE)) if rec.get("kind") == "eval"),
+        default=-1)
     if moved:
       log.warning("log lines after step %d (written after the checkpoint) moved to %s",
                   self.step, moved)
@@ -278,7 +316,7 @@ class _Run:
     log.info("eval at step %d: %s (%.1fs)", self.step,
              ", ".join(f"{k} {v:.3f}" for k, v in result.items()
                        if k in ("accuracy", "reward_mean", "loss")), result["eval_time_s"])
-    self.last_eval = result
+    self.last_eval, self.last_eval_step = result, self.step
 
   def save(self) -> bool:
     """Checkpoints the current step, unless updates are being skipped (see the module doc)."""
@@ -348,9 +386,12 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
   Returns:
     The last eval record ({} when evaluation is off).
   """
+  validate_run_keys(config)
   with workdir_lib.WorkdirLock(workdir):
-    _prepare(config, workdir)
     ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+    if config.get("start_over", False) and _start_over(config, workdir, ckpt):
+      ckpt.close()  # its directory moved: open a fresh one
+      ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
     try:
       saved = ckpt.latest_meta()
       if saved is not None:
@@ -377,7 +418,10 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
 
   config = r.config
   start_step, base_rng = r.step, jax.random.key(config.seed)
-  if start_step == 0:
+  # Step 0, or a scheduled evaluation lost to a crash right after its checkpoint.
+  scheduled = start_step == config.steps or (
+      config.eval_every and start_step % config.eval_every == 0)
+  if start_step == 0 or (scheduled and r.last_eval_step != start_step):
     r.run_eval()
   bar = tqdm(total=config.steps, initial=start_step, disable=not progress, file=sys.stderr,
              desc="train", dynamic_ncols=True)
@@ -404,7 +448,7 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
                         (r.ckpt.steps() or ["none"])[-1])
           raise SystemExit(143)
       else:  # the step budget ran out (not the time budget)
-        if config.eval_every and r.step % config.eval_every != 0 and r.step > start_step:
+        if r.last_eval_step != r.step:  # the end of the run is always evaluated
           r.run_eval()
     finally:
       bar.close()

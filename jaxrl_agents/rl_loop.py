@@ -93,7 +93,7 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
                  completions=s.completions, rewards=total,
                  components={k: np.asarray(v, np.float32) for k, v in components.items()},
                  correct=np.asarray(grader(s.completions, s.examples), np.float32),
-                 prompts_truncated=s.prompts_truncated)
+                 prompts_truncated=int(s.prompts_truncated.sum()))
 
 
 def par_shaped(r: Rollout, reference_rewards: np.ndarray, group_size: int) -> Rollout:
@@ -157,7 +157,7 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
                            overflow=overflow)
     completions += s.completions[:len(chunk)]
     used += chunk
-    prompts_truncated += s.prompts_truncated
+    prompts_truncated += int(s.prompts_truncated[:len(chunk)].sum())  # not the padding
   total, components = reward_fn(completions, used)
   timeouts = time_limit.timeouts(reward_fn)
   correct = np.asarray(grader(completions, used), np.float32)

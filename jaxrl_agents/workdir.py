@@ -60,9 +60,12 @@ class WorkdirLock:
     os.lseek(fd, 0, os.SEEK_SET)
     text = os.read(fd, 4096).decode("utf-8", "replace").strip()
     try:
-      return json.loads(text) if text else {}
+      info = json.loads(text) if text else {}
     except json.JSONDecodeError:
+      info = None
+    if not isinstance(info, dict):
       return {"pid": "?", "host": "?", "started": f"unreadable lock file: {text[:80]!r}"}
+    return info
 
   def __enter__(self) -> WorkdirLock:
     os.makedirs(self.workdir, exist_ok=True)

@@ -9,6 +9,7 @@ evaluation and training share this path and only training pays for rewards.
 from __future__ import annotations
 
 import dataclasses
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,14 +34,15 @@ class Samples:
     examples: the B task examples (each prompt's repeated G times).
     prompts: the B user messages.
     completions: the B decoded completions.
-    prompts_truncated: unique prompts shortened to fit the context (overflow "truncate").
+    prompts_truncated: bool[P] which unique prompts were shortened to fit the context
+      (overflow "truncate").
   """
 
   traj: types.Trajectory
   examples: list[Mapping[str, Any]]
   prompts: list[str]
   completions: list[str]
-  prompts_truncated: int = 0
+  prompts_truncated: np.ndarray | None = None
 
 
 def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list[str]:
@@ -65,39 +67,81 @@ PROMPT_OVERFLOW = ("error", "truncate")
 def fit_prompt(ids: list[int], spans: Sequence[tuple[int, int]], limit: int, overflow: str,
                index: int) -> tuple[list[int], bool]:
   """(ids of at most `limit` tokens, whether it was shortened) of one encoded prompt."""
+  if overflow not in PROMPT_OVERFLOW:
+    raise ValueError(f"prompt_overflow must be one of {PROMPT_OVERFLOW}, got {overflow!r}")
   if len(ids) <= limit:
     return ids, False
   excess = len(ids) - limit
   start, end = max(spans, key=lambda se: se[1] - se[0], default=(0, 0))
-  if overflow not in PROMPT_OVERFLOW:
-    raise ValueError(f"prompt_overflow must be one of {PROMPT_OVERFLOW}, got {overflow!r}")
-  if overflow == "error" or end - start < excess:
-    raise ValueError(
-        f"prompt {index} has {len(ids)} tokens; with the completion budget it needs more than "
-        f"the model's context allows ({limit} prompt tokens at most). Shorten it, lower "
-        "max_new_tokens, or set prompt_overflow='truncate'"
-        + (" (it cannot be truncated: its content is too short)" if overflow == "truncate"
-           else ""))
+  too_long = (f"prompt {index} has {len(ids)} tokens; with the completion budget it needs more "
+              f"than the model's context allows ({limit} prompt tokens at most)")
+  if overflow == "error":
+    raise ValueError(f"{too_long}. Shorten it, lower max_new_tokens, or set "
+                     "prompt_overflow='truncate'")
+  if end - start < excess:
+    raise ValueError(f"{too_long}, and cutting its longest message ({end - start} tokens) "
+                     f"cannot remove {excess}: shorten the system prompt or the template, or "
+                     "lower max_new_tokens")
   return ids[:start] + ids[start + excess:], True
+
+
+def template_ids(tokenizer, template: str, example: Mapping[str, Any]
+                 ) -> tuple[list[int], list[tuple[int, int]]]:
+  """(ids, [start, end) span of each field) of a raw (chat=False) prompt.
+
+  The template is the experiment's own text and may hold control tokens (a
+  hand-written chat format for a base model); the example's fields are data,
+  encoded as plain text (`tokenizer.plain_ids`).
+  """
+  formatter = string.Formatter()
+  ids, spans = [], []
+  for literal, field, spec, conversion in formatter.parse(template):
+    if literal:
+      ids += tokenizer.encode(literal, add_special_tokens=False)
+    if field is None:
+      continue
+    value = formatter.convert_field(formatter.get_field(field, (), example)[0], conversion)
+    content = tokenizer_lib.plain_ids(tokenizer, formatter.format_field(value, spec or ""))
+    spans.append((len(ids), len(ids) + len(content)))
+    ids += content
+  return ids, spans
+
+
+def _fit_all(rows, limit: int | None, overflow: str, pad_id: int):
+  ids, truncated = [], []
+  for i, (row, spans) in enumerate(rows):
+    if limit is not None:
+      row, cut = fit_prompt(row, spans, limit, overflow, i)
+    else:
+      cut = False
+    ids.append(row)
+    truncated.append(cut)
+  return (*_pad_prompts(ids, pad_id), np.asarray(truncated, bool))
 
 
 def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
            limit: int | None = None, overflow: str = "error"
-           ) -> tuple[np.ndarray, np.ndarray, int]:
-  """Left-padded int32[B, Lp] prompt tokens and mask (Lp: `shapes.prompt_width`), and how
-  many prompts were truncated to `limit` tokens (see PROMPT_OVERFLOW)."""
-  ids, truncated = [], 0
-  for i, prompt in enumerate(prompts):
-    if chat:
-      row, spans = tokenizer_lib.encode_chat(tokenizer, prompt, system)
-    else:
-      row = tokenizer_lib.plain_ids(tokenizer, prompt)
-      spans = [(0, len(row))]
-    if limit is not None:
-      row, cut = fit_prompt(row, spans, limit, overflow, i)
-      truncated += cut
-    ids.append(row)
-  return (*_pad_prompts(ids, tokenizer.pad_token_id), truncated)
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Left-padded int32[B, Lp] tokens and mask of prompt strings (Lp: `shapes.prompt_width`),
+  and bool[B] which were truncated to `limit` tokens (PROMPT_OVERFLOW). The strings are data:
+  special-token text in them stays text."""
+  rows = [tokenizer_lib.encode_chat(tokenizer, p, system) if chat
+          else (ids := tokenizer_lib.plain_ids(tokenizer, p), [(0, len(ids))]) for p in prompts]
+  return _fit_all(rows, limit, overflow, tokenizer.pad_token_id)
+
+
+def encode_examples(tokenizer, examples: Sequence[Mapping[str, Any]], template: str, *,
+                    chat: bool, system: str | None, limit: int | None = None,
+                    overflow: str = "error") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`encode` of task examples through the prompt template: with chat, the formatted
+  message is the user turn's content; without, the template's text keeps its markup and
+  only the fields are plain text (`template_ids`)."""
+  if chat:
+    return encode(tokenizer, format_prompts(examples, template), chat=True, system=system,
+                  limit=limit, overflow=overflow)
+  format_prompts(examples, template)  # names a missing field
+  rows = [template_ids(tokenizer, template, ex) for ex in examples]
+  return _fit_all(rows, limit, overflow, tokenizer.pad_token_id)
 
 
 def context_limit(model: zoo.Model, max_new_tokens: int) -> int:
@@ -142,8 +186,8 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
   Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW).
   """
   unique_prompts = format_prompts(examples, template)
-  unique_tokens, unique_mask, truncated = encode(
-      model.tokenizer, unique_prompts, chat=chat, system=system,
+  unique_tokens, unique_mask, truncated = encode_examples(
+      model.tokenizer, examples, template, chat=chat, system=system,
       limit=context_limit(model, sampling.max_new_tokens), overflow=overflow)
   prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
                                                     model.tokenizer.pad_token_id)
