@@ -154,9 +154,11 @@ def encode_chat(tok, prompt: str | list[dict], system: str | None = None
   """(token ids, [start, end) token span of each message's content) of a chat prompt.
 
   The template is rendered with a unique placeholder per message; its text is
-  encoded with control tokens, each content with `plain_ids`. For ordinary
-  content this gives the same ids as encoding the rendered string whole (the
-  pieces meet where the chat template writes a special token or a newline).
+  encoded with control tokens, each content with `plain_ids`. For content that
+  starts with a non-space character this gives the same ids as encoding the
+  rendered string whole (the pieces meet where the template writes a newline);
+  content that starts with spaces may split differently at that boundary (the
+  same text, a different but valid tokenization).
   """
   messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
   if system is not None:
