@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 
@@ -62,6 +63,11 @@ def _write_clean(out: str, write) -> None:
   parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  # mkdtemp makes a private (0700) directory: give the export the permissions a
+  # plain mkdir would (or the replaced export's), so a server or a team can read it.
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, stat.S_IMODE(os.stat(out).st_mode) if os.path.isdir(out) else 0o777 & ~umask)
   old = None
   try:
     write(tmp)
@@ -87,10 +93,9 @@ def _out_dir(out: str) -> str:
   if os.path.exists(real) and not os.path.isdir(real):
     raise SystemExit(f"--out {out!r} is a file, not a directory")
   if real == os.path.realpath(os.getcwd()) or real == os.path.dirname(real):
-    # Replacing the working directory (or /) from inside it is not an export.
-    if os.path.isdir(real) and os.listdir(real):
-      raise SystemExit(f"--out {out!r} is the current (or root) directory; name the export's "
-                       "own directory")
+    # Swapping out the working directory (or /) would leave the shell in a deleted one.
+    raise SystemExit(f"--out {out!r} is the current (or root) directory; name the export's "
+                     "own directory")
   return real
 
 
@@ -106,7 +111,10 @@ def main(argv=None) -> int:
   if args.workdir and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
     raise SystemExit(f"--workdir {args.workdir!r} holds no checkpoints/ (not a training run)")
   if args.workdir:
-    params, meta, step = checkpointing.latest_policy_params(args.workdir)
+    try:
+      params, meta, step = checkpointing.latest_policy_params(args.workdir)
+    except FileNotFoundError as e:
+      raise SystemExit(f"--workdir {args.workdir!r}: {e}") from None
     model = zoo.load(args.model or meta["config"]["model"])
     weights.check_params(params, model.cfg)
     model.params = params

@@ -188,12 +188,17 @@ def test_digests_name_the_changed_array_and_cover_dtype_and_shape():
     checkpointing.verify_digests({"a": tree["a"]}, digests, "missing")
 
 
-def test_a_workdir_whose_checkpoints_are_all_damaged_is_refused_not_overwritten(tmp_path):
+def _run_with_its_only_checkpoint_damaged(tmp_path) -> str:
   run_dir = str(tmp_path / "run")
   _train(_config(keep_checkpoints=1), run_dir)
   (step_dir,) = [p for p in glob.glob(os.path.join(run_dir, "checkpoints", "*"))
                  if os.path.basename(p).isdigit()]
   _flip_bytes_in_largest_state_file(step_dir)
+  return run_dir
+
+
+def test_a_workdir_whose_checkpoints_are_all_damaged_is_refused_not_overwritten(tmp_path):
+  run_dir = _run_with_its_only_checkpoint_damaged(tmp_path)
   before = _files(run_dir)
   with pytest.raises(ValueError, match="no checkpoint is readable"):
     _train(_config(keep_checkpoints=1, steps=8), run_dir)
@@ -471,11 +476,7 @@ def test_start_over_on_a_relaunched_command_resumes_the_run_it_started(tmp_path,
 
 
 def test_damaged_checkpoints_keep_refusing_until_start_over(tmp_path):
-  run_dir = str(tmp_path / "run")
-  _train(_config(keep_checkpoints=1), run_dir)
-  (step_dir,) = [p for p in glob.glob(os.path.join(run_dir, "checkpoints", "*"))
-                 if os.path.basename(p).isdigit()]
-  _flip_bytes_in_largest_state_file(step_dir)
+  run_dir = _run_with_its_only_checkpoint_damaged(tmp_path)
   for _ in range(2):  # the second attempt must not mistake it for a run without checkpoints
     with pytest.raises(ValueError, match="unreadable"):
       _train(_config(keep_checkpoints=1), run_dir)
@@ -558,3 +559,47 @@ def test_export_overwrite_through_a_symlink_and_refusing_the_working_directory(t
   with pytest.raises(SystemExit, match="not a training run"):
     _export(str(tmp_path / "typo"), str(tmp_path / "hf2"))
   assert not os.path.exists(tmp_path / "typo")
+
+
+def test_an_export_is_readable_by_others_as_a_plain_directory_is(tmp_path):
+  import stat as stat_lib
+
+  out = _exported(tmp_path)
+  umask = os.umask(0)
+  os.umask(umask)
+  assert stat_lib.S_IMODE(os.stat(out).st_mode) == 0o777 & ~umask
+  os.chmod(out, 0o750)
+  assert _export(str(tmp_path / "run"), out, "--overwrite") == 0
+  assert stat_lib.S_IMODE(os.stat(out).st_mode) == 0o750  # an overwrite keeps them
+
+
+def test_export_refuses_an_empty_working_directory_and_a_run_without_checkpoints(tmp_path,
+                                                                                 monkeypatch):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  monkeypatch.chdir(empty)
+  with pytest.raises(SystemExit, match="current"):
+    _export(str(tmp_path / "run"), ".")
+  (tmp_path / "fresh" / "checkpoints").mkdir(parents=True)
+  with pytest.raises(SystemExit, match="no checkpoint"):
+    _export(str(tmp_path / "fresh"), str(tmp_path / "hf"))
+
+
+def test_a_jsonl_string_that_is_not_text_is_named_with_its_line(tmp_path):
+  from jaxrl_agents import data as data_lib
+
+  path = tmp_path / "bad.jsonl"
+  path.write_text('{"prompt": "ok", "answer": "1"}\n{"prompt": "Bad \\ud800 x", "answer": "2"}\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:2: field 'prompt' .*lone surrogate"):
+    data_lib.load_jsonl(str(path))
+
+
+def test_a_raw_template_accepts_nested_format_specs_as_str_format_does():
+  from jaxrl_agents.models import tokenizer as tokenizer_lib
+  from jaxrl_agents.rollout import single_turn
+
+  tok = tokenizer_lib.byte_level_tokenizer()
+  example = {"q": "7", "width": 4}
+  tokens, mask, _ = single_turn.encode_examples(tok, [example], "Q:{q:>{width}}!", chat=False,
+                                                system=None)
+  assert tok.decode(tokens[0][mask[0]].tolist()) == "Q:{q:>{width}}!".format(**example)

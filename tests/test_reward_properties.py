@@ -364,3 +364,65 @@ def test_the_experiments_limit_their_rewards_by_config():
   config.reward_time_limit_s = -1.0
   with pytest.raises(ValueError, match="reward_time_limit_s"):
     common.make_rewards(config)
+
+
+def none_reward(completions, examples=None):
+  return None
+
+
+def test_an_interrupt_while_scoring_does_not_shift_later_rewards():
+  """Ctrl-C between a request and its reply (a notebook cell stopped): the late reply must
+  not answer the next request."""
+  import signal
+  import threading
+
+  limited = time_limit.TimeLimited(sleepy_reward, seconds=30.0)
+  limited(["warm"], None, lengths=[5])  # the worker is up and has the reward
+  timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+  timer.start()
+  with pytest.raises(KeyboardInterrupt):
+    limited(["sleep"], None)
+  timer.join()
+  np.testing.assert_array_equal(limited(["a", "bb", "ccc"], None, lengths=[1, 2, 3]),
+                                [2.0, 3.0, 4.0])
+  np.testing.assert_array_equal(limited(["d"], None, lengths=[9]), [10.0])
+
+
+def test_a_reward_returning_none_is_an_error_not_a_reason_to_drop_the_limit():
+  with pytest.raises((TypeError, ValueError)):
+    time_limit.TimeLimited(none_reward, seconds=30.0)(["x"])
+
+
+def test_the_worker_dies_with_the_trainer(tmp_path):
+  """kill -9 of the process that started the worker takes a stuck worker with it."""
+  import subprocess
+  import sys
+  import textwrap
+
+  code = textwrap.dedent("""
+      import os, sys, threading, time
+      sys.path.insert(0, sys.argv[1])
+      from jaxrl_agents.rewards import time_limit
+      import test_reward_properties as t
+      limited = time_limit.TimeLimited(t.sleepy_reward, seconds=600.0)
+      limited(["warm"], None)
+      print(time_limit._worker.process.pid, flush=True)
+      limited(["sleep"], None)
+  """)
+  proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(__file__)],
+                          stdout=subprocess.PIPE, text=True)
+  worker_pid = int(proc.stdout.readline())
+  proc.kill()
+  proc.wait()
+  deadline = time.monotonic() + 20
+  while time.monotonic() < deadline:
+    try:
+      os.kill(worker_pid, 0)
+    except ProcessLookupError:
+      return
+    with open(f"/proc/{worker_pid}/stat") as f:
+      if f.read().split()[2] == "Z":  # a zombie: dead, waiting to be reaped by init
+        return
+    time.sleep(0.2)
+  os.kill(worker_pid, 9)
+  raise AssertionError("the reward worker outlived its trainer")

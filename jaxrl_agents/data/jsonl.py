@@ -54,6 +54,7 @@ def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
         raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
       if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+      _check_text(row, where)
       for field in (prompt_field, answer_field):
         if row.get(field) is None:
           raise ValueError(f"{where}: missing field {field!r} (fields: {sorted(row)})")
@@ -64,3 +65,20 @@ def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
   if not rows:
     raise ValueError(f"{path}: no rows (the file is empty or blank)")
   return rows
+
+
+def _check_text(value: Any, where: str, field: str = "") -> None:
+  """Rejects strings that are not text: a JSON escape like \\ud800 decodes to a lone
+  surrogate, which no tokenizer (nor UTF-8) can encode."""
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"{where}: field {field or '?'!r} holds {value[e.start:e.end]!r} at "
+                       f"character {e.start}, a lone surrogate (not text)") from None
+  elif isinstance(value, dict):
+    for k, v in value.items():
+      _check_text(v, where, f"{field}.{k}" if field else str(k))
+  elif isinstance(value, list):
+    for i, v in enumerate(value):
+      _check_text(v, where, f"{field}[{i}]")

@@ -75,6 +75,7 @@ _CONTEXT = multiprocessing.get_context("spawn")
 # not scoring: they get this long, on a slow machine under load, before it is an error.
 _STARTUP_TIMEOUT_S = 300.0
 _TIMED_OUT = object()  # a completion's result when its scoring ran past the limit
+_NOT_LOADED = object()  # ... when the worker cannot load the reward
 _keys = itertools.count()
 _warned: set[str] = set()
 
@@ -96,6 +97,7 @@ def _serve(conn) -> None:
   when the parent's end of the pipe closes (the parent exited or killed it).
   """
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+  _die_with_parent()
   rewards: dict[int, Any] = {}
   while True:
     try:
@@ -113,6 +115,23 @@ def _serve(conn) -> None:
       conn.send(("ok", result))
     except Exception as e:  # noqa: BLE001 (every error goes back to the caller)
       conn.send(("error", _portable(e), traceback.format_exc()))
+
+
+def _die_with_parent() -> None:
+  """Asks Linux to SIGKILL the worker when the trainer dies (kill -9, OOM), so a reward
+  stuck in a loop does not keep a core busy forever. Elsewhere the worker ends when its
+  current call returns and it finds the pipe closed."""
+  if not sys.platform.startswith("linux"):
+    return
+  try:
+    import ctypes
+    import os
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the trainer died before the request above took effect
+      os._exit(0)
+  except (OSError, AttributeError):
+    pass
 
 
 def _portable(e: Exception) -> bytes:
@@ -140,14 +159,19 @@ class _Worker:
   def request(self, message: tuple, seconds: float):
     """The worker's reply to `message`, or _TIMED_OUT if none came within `seconds`."""
     self.conn.send(message)
-    if not self.conn.poll(seconds):
-      return _TIMED_OUT
     try:
+      if not self.conn.poll(seconds):
+        return _TIMED_OUT
       return self.conn.recv()
     except (EOFError, OSError):
       self.process.join(5.0)
       raise RuntimeError(f"the reward worker died (exit code {self.process.exitcode}) while "
                          f"handling a {message[0]!r} request") from None
+    except BaseException:
+      # Interrupted (Ctrl-C) between the request and its reply: the reply would
+      # answer the next request instead. Only a new worker starts in step.
+      self.kill()
+      raise
 
   def kill(self) -> None:
     self.process.kill()
@@ -295,13 +319,13 @@ class TimeLimited:
     results = []
     for i in range(batch):
       result = self._score_one(completions, examples, kwargs, i, batch)
-      if result is None:  # the reward did not load: the whole batch runs in-process
+      if result is _NOT_LOADED:  # the whole batch runs in-process
         return self.reward(completions, examples, **kwargs)
       results.append(result)
     return self._assemble(results, batch)
 
   def _score_one(self, completions, examples, kwargs, i: int, batch: int):
-    """The reward of completion i alone, _TIMED_OUT, or None if the worker cannot load it."""
+    """The reward of completion i alone, _TIMED_OUT, or _NOT_LOADED."""
     row_kwargs = {k: _row(v, i, batch) for k, v in kwargs.items()}
     message = ("score", self._key, [completions[i]],
                None if examples is None else [examples[i]], row_kwargs)
@@ -309,7 +333,7 @@ class TimeLimited:
       reply = _in_worker(self._key, self._payload, message, self.seconds)
     except _LoadError as e:
       self._run_in_process(f"the worker cannot load it ({e})")
-      return None
+      return _NOT_LOADED
     if reply is _TIMED_OUT:
       self.last_timed_out[i] = True
       log.warning("reward %s: completion %d (%d characters, starting %r) ran past the %.3g s "
@@ -340,6 +364,9 @@ class TimeLimited:
     return total, components
 
   def _single(self, value, what: str) -> float:
+    if value is None:
+      raise TypeError(f"reward {self.name} returned None for one completion; a reward returns "
+                      "f32[B]")
     value = np.asarray(value, np.float32).reshape(-1)
     if value.shape != (1,):
       raise ValueError(f"reward {self.name} returned {value.size} {what} values for one "

@@ -101,7 +101,8 @@ def template_ids(tokenizer, template: str, example: Mapping[str, Any]
     if field is None:
       continue
     value = formatter.convert_field(formatter.get_field(field, (), example)[0], conversion)
-    content = tokenizer_lib.plain_ids(tokenizer, formatter.format_field(value, spec or ""))
+    spec = formatter.vformat(spec, (), example) if spec else ""  # "{x:>{width}}" nests
+    content = tokenizer_lib.plain_ids(tokenizer, formatter.format_field(value, spec))
     spans.append((len(ids), len(ids) + len(content)))
     ids += content
   return ids, spans
