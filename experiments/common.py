@@ -44,8 +44,15 @@ def validate_common(config) -> None:
                        ", a Hugging Face directory or a .gguf file")
   if not config.temperature > 0:
     raise ValueError(f"config.temperature must be > 0 for RL rollouts, got {config.temperature}")
-  if not config.task and not config.jsonl_path:
-    raise ValueError("set config.task (a registered task) or config.jsonl_path")
+  if config.get("env"):
+    registry.get("env", config.env)
+    if config.get("max_turns", 1) < 1:
+      raise ValueError(f"config.max_turns must be >= 1, got {config.max_turns}")
+    if config.get("oversample", 1) != 1:
+      raise ValueError("config.oversample draws extra prompts from a dataset; an environment "
+                       "run draws its tasks each step: set oversample = 1")
+  elif not config.task and not config.jsonl_path:
+    raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
   for key in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
               "minibatches", "checkpoint_every", "keep_checkpoints"):
     if config[key] < 1:
@@ -180,18 +187,26 @@ def check_prompt_lengths(config, model: zoo.Model, examples, path: str) -> int:
 
 def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: bool = True
                    ) -> dict:
-  """Data and rewards from the config, then `rl_loop.run`."""
+  """The episodes the config names (an environment, or a task's prompts and rewards), then
+  `rl_loop.run`."""
+  if config.get("env"):
+    from jaxrl_agents import env_loop
+
+    collect, evaluate, data = env_loop.make(config, model)
+    return rl_loop.run(config, workdir, algorithm, model, train_data=data, collect=collect,
+                       evaluate=evaluate if config.eval_size else None, progress=progress)
   train_source, eval_examples = task_examples(config)
-  loader = data_lib.make_loader(train_source, batch_size=rollout_prompts(config),
-                                seed=config.seed)
   if config.jsonl_path:  # user data: every prompt checked before anything compiles
     check_prompt_lengths(config, model, train_source, config.jsonl_path)
     if config.get("eval_jsonl_path"):
       check_prompt_lengths(config, model, eval_examples, config.eval_jsonl_path)
+  loader = data_lib.make_loader(train_source, batch_size=rollout_prompts(config),
+                                seed=config.seed)
   reward_fn, grader = make_rewards(config)
-  return rl_loop.run(config, workdir, algorithm, model, train_data=loader,
-                     eval_examples=eval_examples, reward_fn=reward_fn, grader=grader,
-                     progress=progress)
+  collect, evaluate = rl_loop.single_turn_collector(config, model, reward_fn=reward_fn,
+                                                    grader=grader, eval_examples=eval_examples)
+  return rl_loop.run(config, workdir, algorithm, model, train_data=loader, collect=collect,
+                     evaluate=evaluate, progress=progress)
 
 
 def main(train_fn) -> None:

@@ -216,6 +216,9 @@ def validate(config) -> None:
   if config.get("oversample", 1) != 1:
     raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
                      "on every sample (its critic is the baseline): set oversample=1")
+  if config.get("env"):
+    raise ValueError("PPO's GAE runs over the token stream as one reply; multi-turn episodes "
+                     "(config.env) need turn-level credit, not there yet: use GRPO")
 
 
 def train(config, workdir: str, progress: bool = True) -> dict:

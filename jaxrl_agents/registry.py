@@ -14,7 +14,8 @@ A kind holds functions of one signature, so a caller can call any entry of it:
 (f32[P, G, M] reward components, f32[M] weights -> f32[P, G]), "token_advantage"
 (token rewards, values, dones -> advantages, returns), "kl" (per-token
 estimators), "policy_loss", "aggregation", "preference_loss", "reward" (host
-functions of completions and examples), "model" (presets).
+functions of completions and examples), "model" (presets), "env" (environment
+factories: tokenizer, **options -> Env).
 Registration happens when the defining module is imported; `get` and `names`
 import the library's modules for the kind first, so callers never need to.
 """
@@ -39,6 +40,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
     "aggregation": ("jaxrl_agents.losses",),
     "preference_loss": ("jaxrl_agents.losses",),
     "reward": ("jaxrl_agents.rewards",),
+    "env": ("jaxrl_agents.envs",),
 }
 
 

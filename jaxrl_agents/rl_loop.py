@@ -60,6 +60,8 @@ class Rollout:
     components: per-component f32[B] rewards.
     correct: f32[B] the grader's verdict (accuracy).
     prompts_truncated: prompts shortened to fit the context (config.prompt_overflow).
+    details: optional per-episode fields for samples.jsonl (a multi-turn episode's
+      turns, token ids and masks).
   """
 
   traj: types.Trajectory
@@ -70,6 +72,7 @@ class Rollout:
   components: dict[str, np.ndarray]
   correct: np.ndarray
   prompts_truncated: int = 0
+  details: list[dict] | None = None
 
 
 class RewardFn(Protocol):
@@ -199,26 +202,18 @@ class Algorithm(Protocol):
   def nonfinite_count(self, state) -> tuple[int, int]: ...
 
 
-def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_data,
-        eval_examples: Sequence[Mapping[str, Any]], reward_fn: RewardFn, grader,
-        progress: bool = True) -> dict:
-  """Trains for config.steps rollout steps on the run harness (`harness.run`: workdir,
-  resume, schedule, preemption, logging).
+class Collect(Protocol):
+  """A train step's episodes: (params, the data's next batch, rng) -> (Rollout, extra scalars)."""
 
-  Args:
-    config: the experiment's ConfigDict (see experiments/configs/).
-    workdir: the run directory.
-    algorithm: the experiment's Algorithm.
-    model: the policy (its params are the initial policy).
-    train_data: an iterator of example batches (lists of dicts) with get_state/set_state.
-    eval_examples: held-out examples.
-    reward_fn: completions, examples -> (total f32[B], components).
-    grader: completions, examples -> f32[B] correctness (the accuracy metric).
-    progress: show a tqdm progress bar on stderr.
+  def __call__(self, params, examples: Any, rng: jax.Array
+               ) -> tuple[Rollout, dict[str, float]]: ...
 
-  Returns:
-    The last eval record (or {} when evaluation is off).
-  """
+
+def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grader,
+                          eval_examples: Sequence[Mapping[str, Any]]
+                          ) -> tuple[Collect, Callable[[Any], tuple[dict, list[dict]]] | None]:
+  """(collect, evaluate) of a single-turn task: prompts from the data, rewarded replies,
+  optionally PAR-shaped (config.reward_shaping); greedy evaluation on `eval_examples`."""
   sampling = sampler_lib.SamplingConfig(
       max_new_tokens=config.max_new_tokens, temperature=config.temperature,
       top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0),
@@ -233,13 +228,9 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
   par_references = shaping.references if shaping and shaping.name == "par" else 0
   reference_params = jax.tree.map(jnp.copy, model.params) if par_references else None
 
-  def train_step(state, rng, progress_fraction):
-    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
-    t0 = time.perf_counter()
-    examples = next(train_data)
-    r = rollout(algorithm.policy_params(state), model, examples, rollout_rng,
-                group_size=config.group_size, sampling=sampling, reward_fn=reward_fn,
-                grader=grader, **prompt_kwargs)
+  def collect(params, examples, rng):
+    r = rollout(params, model, examples, rng, group_size=config.group_size, sampling=sampling,
+                reward_fn=reward_fn, grader=grader, **prompt_kwargs)
     reward_timeouts = time_limit.timeouts(reward_fn)  # completions scored 0 for running over
     if par_references:
       ref = single_turn.sample(reference_params, model, examples, jax.random.fold_in(rng, 7),
@@ -248,6 +239,40 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
       reward_timeouts += time_limit.timeouts(reward_fn)
       r = par_shaped(r, np.reshape(ref_total, (len(examples), par_references)),
                      config.group_size)
+    return r, {"reward_timeouts": reward_timeouts}
+
+  def run_eval(params):
+    return evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
+                    max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
+                    **prompt_kwargs)
+
+  return collect, run_eval if eval_examples else None
+
+
+def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_data,
+        collect: Collect, evaluate: Callable[[Any], tuple[dict, list[dict]]] | None,
+        progress: bool = True) -> dict:
+  """Trains for config.steps rollout steps on the run harness (`harness.run`: workdir,
+  resume, schedule, preemption, logging).
+
+  Args:
+    config: the experiment's ConfigDict (see experiments/configs/).
+    workdir: the run directory.
+    algorithm: the experiment's Algorithm.
+    model: the policy (its params are the initial policy).
+    train_data: an iterator (with get_state/set_state) whose batches `collect` takes.
+    collect: the step's episodes (`single_turn_collector`, `env_loop.make`).
+    evaluate: policy params -> (eval scalars, samples), or None.
+    progress: show a tqdm progress bar on stderr.
+
+  Returns:
+    The last eval record (or {} when evaluation is off).
+  """
+
+  def train_step(state, rng, progress_fraction):
+    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
+    t0 = time.perf_counter()
+    r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
     t1 = time.perf_counter()
     batch = algorithm.prepare(state, r, prepare_rng)
     state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
@@ -255,10 +280,9 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     t2 = time.perf_counter()
     generated = int(np.asarray(r.traj.policy_mask).sum())
     record = {
-        **rollout_metrics(r, config.group_size, config.max_new_tokens),
+        **rollout_metrics(r, config.group_size, config.max_new_tokens), **extra,
         **{k: float(v) for k, v in update_metrics.items()},
         "skipped_updates": algorithm.nonfinite_count(state)[1],
-        "reward_timeouts": reward_timeouts,
         "rollout_time_s": t1 - t0, "update_time_s": t2 - t1,
         "rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
         "update_tokens_per_s": int(np.asarray(r.traj.valid).sum()) * config.get("epochs", 1)
@@ -266,22 +290,23 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     }
     return harness.StepResult(state, record, rollout_samples(r))
 
-  def run_eval(state):
-    return evaluate(algorithm.policy_params(state), model, eval_examples,
-                    batch_size=config.eval_batch_size, max_new_tokens=config.max_new_tokens,
-                    reward_fn=reward_fn, grader=grader, **prompt_kwargs)
-
+  run_eval = None if evaluate is None else (
+      lambda state: evaluate(algorithm.policy_params(state)))
   return harness.run(
       config, workdir, init_state=lambda: algorithm.init_state(
           model.params, jax.random.fold_in(jax.random.key(config.seed), 0x5EED)),
-      train_step=train_step, evaluate=run_eval if eval_examples else None, data=train_data,
+      train_step=train_step, evaluate=run_eval, data=train_data,
       nonfinite_count=algorithm.nonfinite_count, postfix=("reward_mean", "accuracy"),
       finite_keys=("reward_mean",), progress=progress)
 
 
 def rollout_samples(r: Rollout) -> list[dict]:
-  """One samples.jsonl row per episode: prompt, completion, answer, rewards, verdict."""
-  return [{"prompt": p, "completion": c, "answer": ex.get("answer"), "reward": float(rw),
+  """One samples.jsonl row per episode: prompt, completion, answer, rewards, verdict (and
+  the rollout's `details`)."""
+  rows = [{"prompt": p, "completion": c, "answer": ex.get("answer"), "reward": float(rw),
            "correct": float(k), **{f"reward/{n}": float(v[i]) for n, v in r.components.items()}}
           for i, (p, ex, c, rw, k) in enumerate(zip(r.prompts, r.examples, r.completions,
                                                     r.rewards, r.correct, strict=True))]
+  if r.details is not None:
+    rows = [{**row, **extra} for row, extra in zip(rows, r.details, strict=True)]
+  return rows

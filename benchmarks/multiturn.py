@@ -1,0 +1,95 @@
+"""Multi-turn rollout speed: the episode as one `lax.scan` against turns driven from Python.
+
+  .venv/bin/python benchmarks/multiturn.py
+  .venv/bin/python benchmarks/multiturn.py --models tiny --batch 64 --turns 5
+
+For each model, B = --batch episodes of guess-the-number (numbers 1-16, at
+most --turns turns of --reply-tokens tokens, temperature 1) played two ways
+with the same key: `multiturn.rollout` (one jitted program, a scan over all K
+turns) and `multiturn.rollout_by_turn` (one jitted program per turn, the loop
+in Python, stopping when every episode has finished: the shape the host loop
+for tool environments has). Both must produce the same episodes; the script
+checks it. Reported: episodes/s and environment steps/s (turns played) of the
+best of --repeats calls after a warm-up, compile time (the warm-up's excess)
+apart. The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import cpu_info
+from jaxrl_agents import envs
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+
+def timed(fn, repeats: int):
+  """(compile seconds: first call minus best, best seconds, the last result)."""
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return max(0.0, first - min(times)), min(times), out
+
+
+def bench_model(name: str, args) -> dict:
+  model = zoo.load(name)
+  tok = model.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=16)
+  template = multiturn.turn_template(tok)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=args.reply_tokens, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  prompts = args.batch // args.group_size
+  tasks = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(1), prompts))
+  run_args = (model.params, model.cfg, env, template, tasks, jax.random.key(2), sampling)
+  kwargs = dict(group_size=args.group_size, num_turns=args.turns)
+  row = {}
+  results = {}
+  for way, fn in (("scan", multiturn.rollout), ("by_turn", multiturn.rollout_by_turn)):
+    compile_s, best, eps = timed(lambda fn=fn: fn(*run_args, **kwargs), args.repeats)
+    results[way] = eps
+    steps = int(np.asarray(eps.turns).sum())
+    row[way] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1),
+                "episodes_per_s": round(args.batch / best, 2),
+                "env_steps_per_s": round(steps / best, 2), "env_steps": steps}
+    print(f"{name:24s} {way:8s} {best:7.3f} s  {args.batch / best:8.2f} episodes/s  "
+          f"{steps / best:8.2f} env steps/s  (compile {compile_s:.1f} s)", flush=True)
+  same = all(bool(jnp.array_equal(a, b)) for a, b in zip(
+      jax.tree.leaves(results["scan"]), jax.tree.leaves(results["by_turn"]), strict=True))
+  row["same_episodes"] = same
+  row["scan_over_by_turn"] = round(row["by_turn"]["seconds"] / row["scan"]["seconds"], 2)
+  return row
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--models", default="tiny,smollm2-135m-instruct")
+  ap.add_argument("--batch", type=int, default=64)
+  ap.add_argument("--group-size", type=int, default=8)
+  ap.add_argument("--turns", type=int, default=5)
+  ap.add_argument("--reply-tokens", type=int, default=8)
+  ap.add_argument("--repeats", type=int, default=3)
+  args = ap.parse_args()
+  out = {"cpu": cpu_info.describe(), "batch": args.batch, "turns": args.turns,
+         "reply_tokens": args.reply_tokens, "models": {}}
+  for name in args.models.split(","):
+    out["models"][name] = bench_model(name, args)
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,147 @@
+"""The RL trainer's rollouts and evaluation over a JAX-native environment (`config.env`).
+
+`rl_loop.run` takes a collector (params, examples, rng -> Rollout) and an
+evaluator; this module makes them for multi-turn episodes
+(`rollout.multiturn`): each step draws `prompts_per_step` tasks from the step's
+key, plays `group_size` episodes of each, and hands the Trajectory to the
+algorithm as any rollout. The reward is the episode's return (the sum of its
+turn rewards); "accuracy" is the environment's success rate. Evaluation plays a
+fixed set of held-out tasks greedily.
+
+Metrics added to each train and eval record: `episode_turns`, the per-episode
+means of the environment's info entries (`invalid`, `success`, ...), and per
+turn `turn<k>/reward_mean` and `turn<k>/active` (the fraction of episodes that
+reached turn k; the analysis notebook's heatmaps read `turn<k>/...`).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrl_agents import envs, rl_loop
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+# Held-out tasks come from this key, whatever the run's seed: runs compare on the same tasks.
+EVAL_TASKS_KEY = 20_261_125
+
+
+class NoData:
+  """The data stream of an environment run: tasks come from the step's key, so it has no state."""
+
+  def __next__(self):
+    return None
+
+  def get_state(self) -> dict:
+    return {}
+
+  def set_state(self, state) -> None:
+    del state
+
+
+def _text(tok, ids: np.ndarray, mask: np.ndarray) -> str:
+  return tok.decode(ids[mask].tolist(), skip_special_tokens=False)
+
+
+def episode_details(tok, traj) -> list[dict]:
+  """Per episode, for samples.jsonl: each turn's reply and environment text, and the
+  stream's real tokens with their policy mask and turn ids."""
+  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
+  policy, turn_id = np.asarray(traj.policy_mask), np.asarray(traj.turn_id)
+  lp, out = traj.prompt_width, []
+  for row in range(tokens.shape[0]):
+    turns, current = [], None
+    for col in np.flatnonzero(valid[row][lp:]) + lp:
+      if policy[row, col] and (current is None or current["turn"] != turn_id[row, col]):
+        current = {"turn": int(turn_id[row, col]), "reply": [], "env": []}
+        turns.append(current)
+      if current is not None:
+        current["reply" if policy[row, col] else "env"].append(int(tokens[row, col]))
+    out.append({
+        "turns": [{"reply": tok.decode(t["reply"], skip_special_tokens=False),
+                   "env": tok.decode(t["env"], skip_special_tokens=False)} for t in turns],
+        "tokens": tokens[row][valid[row]].tolist(),
+        "policy_mask": policy[row][valid[row]].astype(int).tolist(),
+        "turn_id": turn_id[row][valid[row]].tolist()})
+  return out
+
+
+def to_rollout(tok, eps: multiturn.Episodes, tasks, group_size: int) -> rl_loop.Rollout:
+  """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag."""
+  traj = eps.traj
+  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
+  lp = traj.prompt_width
+  rewards = np.asarray(traj.rewards, np.float32)
+  info = {k: np.asarray(v, np.float32) for k, v in eps.info.items()}
+  correct = (info["success"] > 0).astype(np.float32) if "success" in info \
+      else (rewards > 0).astype(np.float32)
+  task_rows = np.repeat(np.asarray(jax.device_get(jax.tree.leaves(tasks)[0])), group_size)
+  return rl_loop.Rollout(
+      traj=traj, examples=[{"answer": str(t)} for t in task_rows.tolist()],
+      prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
+      completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
+      rewards=rewards, components={"return": rewards}, correct=correct,
+      details=episode_details(tok, traj))
+
+
+def episode_metrics(eps: multiturn.Episodes) -> dict[str, float]:
+  """Episode length, info means and per-turn reward / reach."""
+  out = {"episode_turns": float(np.mean(np.asarray(eps.turns)))}
+  for name, values in eps.info.items():
+    out[name] = float(np.mean(np.asarray(values)))
+  rewards, live = np.asarray(eps.traj.turn_rewards), np.asarray(eps.traj.turn_mask)
+  for k in range(rewards.shape[1]):
+    out[f"turn{k}/active"] = float(live[:, k].mean())
+    out[f"turn{k}/reward_mean"] = float(rewards[live[:, k], k].mean()) if live[:, k].any() \
+        else 0.0
+  return out
+
+
+def make(config, model: zoo.Model):
+  """(collect, evaluate, data) for `rl_loop.run` from config.env, env_kwargs, max_turns."""
+  tok = model.tokenizer
+  env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
+  template = multiturn.turn_template(tok, config.get("system_prompt") or None)
+  stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
+  sampling = sampler_lib.SamplingConfig(
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
+      pad_id=pad)
+  greedy = sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
+                                      stop_tokens=stop, pad_id=pad)
+  sample_tasks = jax.jit(jax.vmap(env.sample_task))
+  turns = config.max_turns
+
+  def collect(params, examples, rng):
+    del examples
+    task_rng, play_rng = jax.random.split(rng)
+    tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
+    eps = multiturn.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
+                            group_size=config.group_size, num_turns=turns)
+    return to_rollout(tok, eps, tasks, config.group_size), episode_metrics(eps)
+
+  eval_tasks = sample_tasks(jax.random.split(jax.random.key(EVAL_TASKS_KEY), config.eval_size))
+
+  def evaluate(params):
+    records, samples = [], []
+    for start in range(0, config.eval_size, config.eval_batch_size):
+      n = min(config.eval_batch_size, config.eval_size - start)
+      # One compiled batch shape: the last batch is padded with its first task.
+      rows = np.minimum(np.arange(start, start + config.eval_batch_size), start + n - 1)
+      rows[n:] = start
+      tasks = jax.tree.map(lambda x, rows=rows: x[rows], eval_tasks)
+      eps = multiturn.rollout(params, model.cfg, env, template, tasks, jax.random.key(0), greedy,
+                              group_size=1, num_turns=turns)
+      eps = jax.tree.map(lambda x, n=n: x[:n], eps)
+      r = to_rollout(tok, eps, jax.tree.map(lambda x, n=n: x[:n], tasks), 1)
+      records.append((n, {"accuracy": float(r.correct.mean()),
+                          "reward_mean": float(r.rewards.mean()), **episode_metrics(eps)}))
+      samples += rl_loop.rollout_samples(r)
+    total = sum(n for n, _ in records)
+    result = {k: sum(n * rec[k] for n, rec in records) / total for k in records[0][1]}
+    return {**result, "num_examples": total}, samples
+
+  return collect, evaluate, NoData()

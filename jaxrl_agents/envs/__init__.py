@@ -1,0 +1,27 @@
+"""Environments for multi-turn agents, registered by name (kind "env").
+
+```
+env = envs.make("guess_number", tokenizer, high=16)
+```
+See `envs.base` for the protocol. Registered:
+
+| name          | what the agent does                                              |
+|---------------|------------------------------------------------------------------|
+| guess_number  | guesses a number in a range, told "higher" / "lower" each turn    |
+"""
+
+from jaxrl_agents import registry
+from jaxrl_agents.envs import base, guess_number
+from jaxrl_agents.envs.base import Env, EnvStep, Tokens
+
+
+def make(name: str, tokenizer, **options) -> Env:
+  """The environment registered as `name`, built for `tokenizer` with its options."""
+  return registry.get("env", name)(tokenizer, **options)
+
+
+def names() -> list[str]:
+  return registry.names("env")
+
+
+__all__ = ["Env", "EnvStep", "Tokens", "base", "guess_number", "make", "names"]

@@ -1,0 +1,158 @@
+"""What an environment is, and the token tools JAX-native environments build on.
+
+A JAX-native environment is pure and works on one episode; the rollout vmaps
+it over the batch and runs it inside `lax.scan` (rollout/multiturn.py):
+
+  sample_task(key)            -> task          a pytree of arrays (what a group shares)
+  reset(key, task)            -> (state, obs)  obs: the first user message's content
+  step(state, action)         -> EnvStep(state, obs, reward, done, info)
+
+`action` and every `obs` are `Tokens`: a fixed-width int32 row and its bool
+mask (real tokens first); every step's obs has width `obs_width`, the reset's
+its own. Observations are produced as token ids inside jit, from pieces
+tokenized once when the environment is made (`piece_table`), so nothing is
+ever re-tokenized during an episode. The rollout wraps each observation in the
+chat template's user turn; an environment writes content only. Special-token
+text in a piece is spelled out as text (`tokenizer.plain_ids`), never a
+control token.
+
+`info` is a dict of scalar arrays with the same keys on every step (e.g.
+"invalid", "success"); the rollout sums them per episode for the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+
+
+class Tokens(NamedTuple):
+  """A fixed-width block of tokens: int32[..., W] ids and bool[..., W] real-token mask."""
+
+  ids: jax.Array
+  mask: jax.Array
+
+
+class EnvStep(NamedTuple):
+  """What `step` returns for one episode."""
+
+  state: Any
+  obs: Tokens
+  reward: jax.Array  # f32[]
+  done: jax.Array  # bool[]
+  info: dict[str, jax.Array]
+
+
+class Env(Protocol):
+  """A JAX-native environment (see the module docstring)."""
+
+  obs_width: int  # W of every observation
+  max_turns: int  # the episode length the environment is designed for
+
+  def sample_task(self, key: jax.Array) -> Any: ...
+  def reset(self, key: jax.Array, task: Any) -> tuple[Any, Tokens]: ...
+  def step(self, state: Any, action: Tokens) -> EnvStep: ...
+
+
+def piece_table(tokenizer, texts: Sequence[str], width: int | None = None) -> Tokens:
+  """Texts tokenized once as plain text, left-aligned in int32[n, W] with masks.
+
+  Raises ValueError when a text needs more than `width` tokens.
+  """
+  ids = [tokenizer_lib.plain_ids(tokenizer, t) for t in texts]
+  longest = max((len(i) for i in ids), default=0)
+  width = longest if width is None else width
+  if longest > width:
+    raise ValueError(f"a piece of {longest} tokens does not fit width {width}: "
+                     f"{texts[int(np.argmax([len(i) for i in ids]))]!r}")
+  table = np.zeros((len(ids), width), np.int32)
+  mask = np.zeros((len(ids), width), bool)
+  for r, row in enumerate(ids):
+    table[r, :len(row)] = row
+    mask[r, :len(row)] = True
+  return Tokens(jnp.asarray(table), jnp.asarray(mask))
+
+
+def row(table: Tokens, index) -> Tokens:
+  """Row `index` (traced or not) of a piece table."""
+  return Tokens(table.ids[index], table.mask[index])
+
+
+def concat(*blocks: Tokens) -> Tokens:
+  """Blocks side by side, then compacted: real tokens keep their order, padding goes right."""
+  ids = jnp.concatenate([b.ids for b in blocks], axis=-1)
+  mask = jnp.concatenate([b.mask for b in blocks], axis=-1)
+  return pack(Tokens(ids, mask), side="right")
+
+
+def pack(block: Tokens, side: str) -> Tokens:
+  """The block's real tokens moved together, in order, to its `side` ("left" or "right")."""
+  key = ~block.mask if side == "right" else block.mask
+  order = jnp.argsort(key, axis=-1, stable=True)
+  take = lambda a: jnp.take_along_axis(a, order, axis=-1)
+  return Tokens(take(block.ids), take(block.mask))
+
+
+class NumberReader(NamedTuple):
+  """Per-token tables to read ASCII integers out of token ids inside jit.
+
+  value[t]: the integer a token's text spells when it is only ASCII digits
+  (after one optional leading space), else -1; digits[t]: how many digits;
+  fresh[t]: the token starts with a space (a new number, not a continuation).
+  """
+
+  value: jax.Array
+  digits: jax.Array
+  fresh: jax.Array
+
+
+# Large enough for any game here, small enough that value * 10**digits + d
+# never leaves int32.
+NUMBER_CAP = 1_000_000
+
+
+def number_reader(tokenizer) -> NumberReader:
+  """The NumberReader of a tokenizer's vocabulary (built once, on the host)."""
+  vocab = tokenizer.get_vocab()
+  size = max(vocab.values()) + 1
+  value = np.full(size, -1, np.int32)
+  digits = np.zeros(size, np.int32)
+  fresh = np.zeros(size, bool)
+  for token_id in range(size):
+    text = tokenizer.decode([token_id])
+    body = text[1:] if text.startswith(" ") else text
+    if 0 < len(body) <= 6 and body.isascii() and body.isdigit():
+      value[token_id], digits[token_id], fresh[token_id] = int(body), len(body), text != body
+  return NumberReader(jnp.asarray(value), jnp.asarray(digits), jnp.asarray(fresh))
+
+
+def last_number(reader: NumberReader, action: Tokens) -> tuple[jax.Array, jax.Array]:
+  """(int32 value, bool found) of the last run of digit tokens in one action row.
+
+  Values are capped at NUMBER_CAP (a longer number reads as NUMBER_CAP, which
+  no game here accepts). Linear in the row's width.
+  """
+  ids = jnp.clip(action.ids, 0, reader.value.shape[0] - 1)
+  value, digits, fresh = reader.value[ids], reader.digits[ids], reader.fresh[ids]
+  is_digit = action.mask & (value >= 0)
+
+  def scan(carry, x):
+    current, in_number, last, found = carry
+    v, d, f, is_d = x
+    extended = jnp.minimum(current * (10 ** jnp.minimum(d, 6)) + v, NUMBER_CAP)
+    start = ~in_number | f
+    new_current = jnp.where(is_d, jnp.where(start, v, extended), current)
+    closes = in_number & (~is_d | f)
+    last = jnp.where(closes, current, last)
+    found = found | closes
+    return (new_current, is_d, last, found), None
+
+  init = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.bool_(False))
+  (current, in_number, last, found), _ = jax.lax.scan(scan, init, (value, digits, fresh, is_digit))
+  return jnp.where(in_number, current, last), found | in_number

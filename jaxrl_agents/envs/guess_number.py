@@ -1,0 +1,69 @@
+"""Guess the number: the environment names a range, the agent guesses, it answers higher or lower.
+
+The smallest multi-turn task where later turns must use earlier feedback: a
+policy that ignores it guesses at random (success about K / range in K turns),
+one that bisects always wins within ceil(log2(range + 1)) turns. Pure JAX:
+the target is the task, every reply is read with `base.last_number` and every
+observation is one of four pieces tokenized when the environment is made.
+
+Reward: 1 on the turn the guess is right (the episode ends), else 0. A reply
+without a number is an invalid action (counted in info["invalid"]); it costs a
+turn and is told to answer with a number.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agents import registry
+from jaxrl_agents.envs import base
+
+HIGHER, LOWER, CORRECT, INVALID = range(4)
+
+
+class State(NamedTuple):
+  target: jax.Array  # int32[]
+
+
+class GuessNumber:
+  """The environment (see the module docstring); `low`..`high` inclusive."""
+
+  def __init__(self, tokenizer, *, low: int = 1, high: int = 16, max_turns: int = 5):
+    if not 0 <= low < high < base.NUMBER_CAP:
+      raise ValueError(f"guess_number needs 0 <= low < high < {base.NUMBER_CAP}, "
+                       f"got low={low}, high={high}")
+    if max_turns < 1:
+      raise ValueError(f"guess_number: max_turns must be >= 1, got {max_turns}")
+    self.low, self.high, self.max_turns = low, high, max_turns
+    self.prompt = base.piece_table(tokenizer, [
+        f"I am thinking of a whole number from {low} to {high}. Guess it: answer with just "
+        "the number, and I will tell you whether mine is higher or lower."])
+    self.replies = base.piece_table(tokenizer, [
+        "Higher.", "Lower.", "Correct!", f"Answer with just a number from {low} to {high}."])
+    self.obs_width = self.replies.ids.shape[-1]
+    self.reader = base.number_reader(tokenizer)
+
+  def sample_task(self, key: jax.Array) -> jax.Array:
+    return jax.random.randint(key, (), self.low, self.high + 1, dtype=jnp.int32)
+
+  def reset(self, key: jax.Array, task: jax.Array) -> tuple[State, base.Tokens]:
+    del key  # the task decides everything
+    return State(target=jnp.asarray(task, jnp.int32)), base.row(self.prompt, 0)
+
+  def step(self, state: State, action: base.Tokens) -> base.EnvStep:
+    guess, found = base.last_number(self.reader, action)
+    correct = found & (guess == state.target)
+    reply = jnp.where(~found, INVALID, jnp.where(correct, CORRECT,
+                                                 jnp.where(guess < state.target, HIGHER, LOWER)))
+    return base.EnvStep(
+        state=state, obs=base.row(self.replies, reply), reward=correct.astype(jnp.float32),
+        done=correct, info={"invalid": (~found).astype(jnp.float32),
+                            "success": correct.astype(jnp.float32)})
+
+
+@registry.register("env", "guess_number")
+def make(tokenizer, **options) -> GuessNumber:
+  return GuessNumber(tokenizer, **options)

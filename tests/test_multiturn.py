@@ -1,0 +1,168 @@
+"""Multi-turn episodes inside lax.scan against a plain Python loop that re-prefills the history."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_agents import envs
+from jaxrl_agents.envs import base
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import multiturn, scoring
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return zoo.load("tiny")
+
+
+def _sampling(tok, temperature, n=6):
+  return sampler_lib.SamplingConfig(max_new_tokens=n, temperature=temperature,
+                                    stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                    pad_id=tok.pad_token_id)
+
+
+def _reference(model, env, template, tasks, rng, sampling, group_size, num_turns):
+  """The same episodes, one turn at a time in Python: each turn prefills the whole history
+  (only its real tokens) into a fresh cache and decodes with the turn's key."""
+  reset_rng, rng = jax.random.split(rng)
+  p = len(tasks)
+  states, prompt = multiturn.prompt_tokens(env, template, tasks, jax.random.split(reset_rng, p))
+  rows = [[int(t) for t, m in zip(prompt.ids[i // group_size], prompt.mask[i // group_size],
+                                  strict=True)
+           if m] for i in range(p * group_size)]
+  targets = [int(tasks[i // group_size]) for i in range(p * group_size)]
+  done = [False] * len(rows)
+  replies, rewards = [], []
+  step = jax.jit(env.step)
+  stop = sampling.stop_tokens
+  for k in range(num_turns):
+    width = max(len(r) for r in rows)
+    ids, mask = tokenizer_lib.pad_left(rows, 0, width)
+    context = sampler_lib.prefill(model.params, model.cfg, jnp.asarray(ids), jnp.asarray(mask),
+                                  cache_len=width + sampling.max_new_tokens)
+    out, _ = sampler_lib.decode(model.params, model.cfg, context, jax.random.fold_in(rng, k),
+                                sampling, active=~jnp.asarray(done))
+    turn_replies, turn_rewards = [], []
+    for i in range(len(rows)):
+      reply = [int(t) for t in np.asarray(out.tokens[i])[: int(out.lengths[i])]]
+      turn_replies.append(reply if not done[i] else [])
+      if done[i]:
+        turn_rewards.append(0.0)
+        continue
+      rows[i] += reply
+      action = base.Tokens(out.tokens[i], out.mask[i])
+      result = step(envs.guess_number.State(jnp.int32(targets[i])), action)
+      turn_rewards.append(float(result.reward))
+      done[i] = bool(result.done) or k == num_turns - 1
+      if not done[i]:
+        to_user = list(template.to_user)
+        if to_user[0] in stop and reply and reply[-1] == to_user[0]:
+          to_user = to_user[1:]
+        obs = [int(t) for t, m in zip(result.obs.ids, result.obs.mask, strict=True) if m]
+        rows[i] += to_user + obs + list(template.to_reply)
+    replies.append(turn_replies)
+    rewards.append(turn_rewards)
+  return rows, replies, np.asarray(rewards).T
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_scanned_episodes_equal_a_python_loop_that_reprefills_the_history(tiny, temperature):
+  tok = tiny.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=4)
+  template = multiturn.turn_template(tok, system="Play well.")
+  tasks = jnp.asarray([2, 3], jnp.int32)
+  sampling = _sampling(tok, temperature)
+  rng = jax.random.key(3)
+  eps = multiturn.rollout(tiny.params, tiny.cfg, env, template, tasks, rng, sampling,
+                          group_size=3, num_turns=3)
+  rows, replies, rewards = _reference(tiny, env, template, tasks, rng, sampling, 3, 3)
+  traj = eps.traj.check()
+  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
+  for i, row in enumerate(rows):
+    assert tokens[i][valid[i]].tolist() == row  # the same stream, token for token
+  turn_id, policy = np.asarray(traj.turn_id), np.asarray(traj.policy_mask)
+  for k, turn_replies in enumerate(replies):
+    for i, reply in enumerate(turn_replies):
+      assert tokens[i][policy[i] & (turn_id[i] == k)].tolist() == reply
+  np.testing.assert_array_equal(np.asarray(traj.turn_rewards), rewards)
+  # Environment and template tokens are never policy tokens.
+  assert (policy == (turn_id >= 0)).all()
+  assert policy.sum() == sum(len(r) for turn in replies for r in turn)
+
+
+def test_logprobs_recomputed_on_the_trajectory_equal_the_sampling_ones(tiny):
+  tok = tiny.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=4)
+  template = multiturn.turn_template(tok)
+  eps = multiturn.rollout(tiny.params, tiny.cfg, env, template, jnp.asarray([1, 4]),
+                          jax.random.key(0), _sampling(tok, 1.0), group_size=2, num_turns=3)
+  traj = eps.traj
+  assert int(np.asarray(traj.turn_mask).sum()) > 2  # some episode went past its first turn
+  mask = np.asarray(traj.policy_mask)
+  for group_size in (1, 2):  # the full forward and the shared-prompt one
+    recomputed, _ = scoring.policy_logprobs(tiny.params, tiny.cfg, traj, group_size=group_size)
+    np.testing.assert_allclose(np.asarray(recomputed)[mask],
+                               np.asarray(traj.sampling_logprobs)[mask], atol=1e-4)
+
+
+def test_guess_number_reads_the_last_number_and_answers(tiny):
+  tok = tokenizer_lib.byte_level_tokenizer()
+  env = envs.make("guess_number", tok, low=1, high=16)
+  state, _ = env.reset(None, jnp.int32(7))
+
+  def reply(text):
+    ids = tok.encode(text)
+    return base.Tokens(jnp.asarray(ids + [0] * (32 - len(ids))), jnp.arange(32) < len(ids))
+
+  def obs_text(result):
+    return tok.decode(np.asarray(result.obs.ids)[np.asarray(result.obs.mask)])
+
+  step = jax.jit(env.step)
+  for text, answer, invalid in [("5", "Higher.", 0), ("maybe 12.", "Lower.", 0),
+                                ("no idea", "Answer with just a number from 1 to 16.", 1),
+                                ("99999999999999", "Lower.", 0), ("٧", "Answer with", 1),
+                                ("3 or 7", "Correct!", 0)]:
+    result = step(state, reply(text))
+    assert obs_text(result).startswith(answer), text
+    assert float(result.info["invalid"]) == invalid
+    assert bool(result.done) == (answer == "Correct!")
+
+
+def test_a_template_that_rewrites_earlier_turns_never_changes_the_sampled_tokens(tiny):
+  """A template that drops earlier replies' reasoning (as some chat models' do): rendering
+  the conversation again would change the history; the rollout never renders it again."""
+  tok = tokenizer_lib.byte_level_tokenizer()
+  tok.chat_template = (
+      "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}"
+      "{{ '<|im_start|>assistant\\n' + m['content'].split('</t>')[-1] + '<|im_end|>\\n' }}"
+      "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+      "{% endif %}{% endfor %}{% if add_generation_prompt %}"
+      "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+  env = envs.make("guess_number", tok, low=1, high=4)
+  template = multiturn.turn_template(tok)
+  eps = multiturn.rollout(tiny.params, tiny.cfg, env, template, jnp.asarray([1, 2]),
+                          jax.random.key(1), _sampling(tok, 1.0, n=8), group_size=2, num_turns=3)
+  rows, _, _ = _reference(tiny, env, template, jnp.asarray([1, 2]), jax.random.key(1),
+                          _sampling(tok, 1.0, n=8), 2, 3)
+  traj = eps.traj
+  for i, row in enumerate(rows):
+    assert np.asarray(traj.tokens)[i][np.asarray(traj.valid)[i]].tolist() == row
+  # What re-rendering would have produced for an earlier reply with reasoning in it:
+  messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a</t>3"},
+              {"role": "user", "content": "Higher."}]
+  assert "a</t>" not in tokenizer_lib.chat_prompt(tok, messages)
+
+
+def test_turns_driven_from_python_give_the_scanned_episodes(tiny):
+  tok = tiny.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=3)
+  template = multiturn.turn_template(tok)
+  args = (tiny.params, tiny.cfg, env, template, jnp.asarray([1, 3]), jax.random.key(5),
+          _sampling(tok, 1.0, n=3))
+  scanned = multiturn.rollout(*args, group_size=2, num_turns=4)
+  stepped = multiturn.rollout_by_turn(*args, group_size=2, num_turns=4)
+  for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(stepped), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
