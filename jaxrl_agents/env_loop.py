@@ -22,7 +22,7 @@ import numpy as np
 from jaxrl_agents import envs, rl_loop
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import host_loop, multiturn
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 # Held-out tasks come from this key, whatever the run's seed: runs compare on the same tasks.
@@ -69,8 +69,9 @@ def episode_details(tok, traj) -> list[dict]:
   return out
 
 
-def to_rollout(tok, eps: multiturn.Episodes, tasks, group_size: int) -> rl_loop.Rollout:
-  """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag."""
+def to_rollout(tok, eps: multiturn.Episodes, labels: list[str]) -> rl_loop.Rollout:
+  """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag;
+  `labels` names each row's task (samples.jsonl's "answer")."""
   traj = eps.traj
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   lp = traj.prompt_width
@@ -78,9 +79,8 @@ def to_rollout(tok, eps: multiturn.Episodes, tasks, group_size: int) -> rl_loop.
   info = {k: np.asarray(v, np.float32) for k, v in eps.info.items()}
   correct = (info["success"] > 0).astype(np.float32) if "success" in info \
       else (rewards > 0).astype(np.float32)
-  task_rows = np.repeat(np.asarray(jax.device_get(jax.tree.leaves(tasks)[0])), group_size)
   return rl_loop.Rollout(
-      traj=traj, examples=[{"answer": str(t)} for t in task_rows.tolist()],
+      traj=traj, examples=[{"answer": label} for label in labels],
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
       rewards=rewards, components={"return": rewards}, correct=correct,
@@ -100,18 +100,44 @@ def episode_metrics(eps: multiturn.Episodes) -> dict[str, float]:
   return out
 
 
+def _labels(tasks, group_size: int) -> list[str]:
+  """A JAX task batch's first leaf, one string per row (task-major, G rows each)."""
+  first = np.asarray(jax.device_get(jax.tree.leaves(tasks)[0]))
+  return [str(t) for t in np.repeat(first, group_size, axis=0).tolist()]
+
+
+def _samplings(config, tok) -> tuple[sampler_lib.SamplingConfig, sampler_lib.SamplingConfig]:
+  """(the training sampling, greedy evaluation) of the config."""
+  stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
+  return (sampler_lib.SamplingConfig(
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
+      pad_id=pad),
+      sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
+                                 stop_tokens=stop, pad_id=pad))
+
+
+def _eval_record(r: rl_loop.Rollout, eps: multiturn.Episodes) -> dict[str, float]:
+  return {"accuracy": float(r.correct.mean()), "reward_mean": float(r.rewards.mean()),
+          **episode_metrics(eps)}
+
+
+def _weighted(records: list[tuple[int, dict]]) -> dict[str, float]:
+  """Batch records averaged with their sizes as weights, and the total count."""
+  total = sum(n for n, _ in records)
+  keys = sorted({k for _, rec in records for k in rec})
+  return {**{k: sum(n * rec.get(k, 0.0) for n, rec in records) / total for k in keys},
+          "num_examples": total}
+
+
 def make(config, model: zoo.Model):
   """(collect, evaluate, data) for `rl_loop.run` from config.env, env_kwargs, max_turns."""
   tok = model.tokenizer
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
+  if getattr(env, "host", False):
+    return _make_host(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None)
-  stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
-  sampling = sampler_lib.SamplingConfig(
-      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
-      pad_id=pad)
-  greedy = sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
-                                      stop_tokens=stop, pad_id=pad)
+  sampling, greedy = _samplings(config, tok)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
   turns = config.max_turns
 
@@ -121,7 +147,7 @@ def make(config, model: zoo.Model):
     tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
     eps = multiturn.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
                             group_size=config.group_size, num_turns=turns)
-    return to_rollout(tok, eps, tasks, config.group_size), episode_metrics(eps)
+    return to_rollout(tok, eps, _labels(tasks, config.group_size)), episode_metrics(eps)
 
   eval_tasks = sample_tasks(jax.random.split(jax.random.key(EVAL_TASKS_KEY), config.eval_size))
 
@@ -136,12 +162,46 @@ def make(config, model: zoo.Model):
       eps = multiturn.rollout(params, model.cfg, env, template, tasks, jax.random.key(0), greedy,
                               group_size=1, num_turns=turns)
       eps = jax.tree.map(lambda x, n=n: x[:n], eps)
-      r = to_rollout(tok, eps, jax.tree.map(lambda x, n=n: x[:n], tasks), 1)
-      records.append((n, {"accuracy": float(r.correct.mean()),
-                          "reward_mean": float(r.rewards.mean()), **episode_metrics(eps)}))
+      r = to_rollout(tok, eps, _labels(jax.tree.map(lambda x, n=n: x[:n], tasks), 1))
+      records.append((n, _eval_record(r, eps)))
       samples += rl_loop.rollout_samples(r)
-    total = sum(n for n, _ in records)
-    result = {k: sum(n * rec[k] for n, rec in records) / total for k in records[0][1]}
-    return {**result, "num_examples": total}, samples
+    return _weighted(records), samples
+
+  return collect, evaluate, NoData()
+
+
+def _make_host(config, model: zoo.Model, env):
+  """(collect, evaluate, data) for a host environment (`rollout.host_loop`)."""
+  tok = model.tokenizer
+  sampling, greedy = _samplings(config, tok)
+  system = config.get("system_prompt") or None
+  options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
+                 step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system)
+
+  def play(params, tasks, rng, how, group_size):
+    out = host_loop.rollout(params, model.cfg, tok, env, tasks, rng, how,
+                            group_size=group_size, **options)
+    labels = [str(t) for t in tasks for _ in range(group_size)]
+    return to_rollout(tok, out.episodes, labels), out
+
+  def collect(params, examples, rng):
+    del examples
+    task_rng, play_rng = jax.random.split(rng)
+    host_rng = np.random.default_rng(np.asarray(jax.random.key_data(task_rng)).tolist())
+    tasks = [env.sample_task(host_rng) for _ in range(config.prompts_per_step)]
+    r, out = play(params, tasks, play_rng, sampling, config.group_size)
+    return r, {**episode_metrics(out.episodes), **out.counters}
+
+  eval_rng = np.random.default_rng(EVAL_TASKS_KEY)
+  eval_tasks = [env.sample_task(eval_rng) for _ in range(config.eval_size)]
+
+  def evaluate(params):
+    records, samples = [], []
+    for start in range(0, config.eval_size, config.eval_batch_size):
+      tasks = eval_tasks[start:start + config.eval_batch_size]
+      r, out = play(params, tasks, jax.random.key(0), greedy, 1)
+      records.append((len(tasks), {**_eval_record(r, out.episodes), **out.counters}))
+      samples += rl_loop.rollout_samples(r)
+    return _weighted(records), samples
 
   return collect, evaluate, NoData()

@@ -8,14 +8,15 @@ See `envs.base` for the protocol. Registered:
 | name          | what the agent does                                              |
 |---------------|------------------------------------------------------------------|
 | guess_number  | guesses a number in a range, told "higher" / "lower" each turn    |
+| calculator    | (host) multiplies large numbers, with a calculator tool to call   |
 """
 
 from jaxrl_agents import registry
-from jaxrl_agents.envs import base, guess_number
-from jaxrl_agents.envs.base import Env, EnvStep, Tokens
+from jaxrl_agents.envs import base, calculator, guess_number
+from jaxrl_agents.envs.base import Env, EnvStep, HostEnv, HostStep, Tokens
 
 
-def make(name: str, tokenizer, **options) -> Env:
+def make(name: str, tokenizer, **options) -> Env | HostEnv:
   """The environment registered as `name`, built for `tokenizer` with its options."""
   return registry.get("env", name)(tokenizer, **options)
 
@@ -24,4 +25,5 @@ def names() -> list[str]:
   return registry.names("env")
 
 
-__all__ = ["Env", "EnvStep", "Tokens", "base", "guess_number", "make", "names"]
+__all__ = ["Env", "EnvStep", "HostEnv", "HostStep", "Tokens", "base", "calculator",
+           "guess_number", "make", "names"]

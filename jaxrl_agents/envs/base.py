@@ -18,6 +18,18 @@ control token.
 
 `info` is a dict of scalar arrays with the same keys on every step (e.g.
 "invalid", "success"); the rollout sums them per episode for the metrics.
+
+A host environment (`HostEnv`: tools, databases, anything in Python) works on
+strings and is stepped by `rollout.host_loop` in a thread pool with a time limit:
+
+  sample_task(rng: np.random.Generator) -> task
+  episode(task) -> an object with
+    reset() -> str                        the first user message
+    step(reply: str) -> HostStep(obs: str, reward, done, info: {name: float})
+
+Its observations are tokenized as plain text by the loop; the reply it gets is
+the decoded text of what the policy sampled (hostile input: parse it in linear
+time, never eval it).
 """
 
 from __future__ import annotations
@@ -47,6 +59,25 @@ class EnvStep(NamedTuple):
   reward: jax.Array  # f32[]
   done: jax.Array  # bool[]
   info: dict[str, jax.Array]
+
+
+class HostStep(NamedTuple):
+  """What a host environment's `step` returns."""
+
+  obs: str
+  reward: float
+  done: bool
+  info: dict[str, float]
+
+
+class HostEnv(Protocol):
+  """A host environment (see the module docstring); `host` is True."""
+
+  host: bool
+  max_turns: int
+
+  def sample_task(self, rng: np.random.Generator) -> Any: ...
+  def episode(self, task: Any) -> Any: ...
 
 
 class Env(Protocol):
