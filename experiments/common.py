@@ -51,6 +51,13 @@ def validate_common(config) -> None:
     if config.get("oversample", 1) != 1:
       raise ValueError("config.oversample draws extra prompts from a dataset; an environment "
                        "run draws its tasks each step: set oversample = 1")
+    shaping = config.get("reward_shaping", None)
+    if shaping and shaping.name != "none":
+      raise ValueError("config.reward_shaping shapes single-turn replies' rewards; an "
+                       "environment run's reward is its return: set reward_shaping.name='none'")
+    for key in ("env_obs_tokens", "env_step_timeout_s"):
+      if key in config and not config[key] > 0:
+        raise ValueError(f"config.{key} must be > 0, got {config[key]}")
   elif not config.task and not config.jsonl_path:
     raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
   for key in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",

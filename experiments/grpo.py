@@ -319,6 +319,9 @@ def validate(config) -> None:
   if unknown:
     raise ValueError(f"advantage_kwargs {unknown} are not arguments of {config.advantage!r} "
                      f"(it takes {sorted(accepted - {'rewards', 'weights'})})")
+  if config.get("env") and settings.component_advantage:
+    raise ValueError(f"advantage {config.advantage!r} reads reward components; an environment "
+                     "run has one reward, its return: use a group_advantage")
   shaping = config.get("reward_shaping", None)
   if shaping and shaping.name == "par" and settings.component_advantage:
     raise ValueError(f"reward_shaping 'par' shapes the total reward, but {config.advantage!r} "

@@ -69,13 +69,23 @@ def episode_details(tok, traj) -> list[dict]:
   return out
 
 
-def to_rollout(tok, eps: multiturn.Episodes, labels: list[str]) -> rl_loop.Rollout:
+def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int = 1,
+               failed: np.ndarray | None = None, details_traj=None,
+               failures: list | None = None) -> rl_loop.Rollout:
   """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag;
-  `labels` names each row's task (samples.jsonl's "answer")."""
+  `labels` names each row's task (samples.jsonl's "answer").
+
+  Rows an environment failure ended (`failed`) are out of the loss already; their
+  reward becomes the mean of their group's other returns, so that they move
+  neither the group's baseline nor its spread (an infrastructure failure is not a
+  lesson for the policy's siblings either).
+  """
   traj = eps.traj
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   lp = traj.prompt_width
   rewards = np.asarray(traj.rewards, np.float32)
+  if failed is not None and failed.any():
+    rewards = _neutral_failed(rewards, failed, group_size)
   info = {k: np.asarray(v, np.float32) for k, v in eps.info.items()}
   correct = (info["success"] > 0).astype(np.float32) if "success" in info \
       else (rewards > 0).astype(np.float32)
@@ -84,7 +94,17 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str]) -> rl_loop.Rollo
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
       rewards=rewards, components={"return": rewards}, correct=correct,
-      details=episode_details(tok, traj))
+      details=[{**d, "failure": f} for d, f in zip(
+          episode_details(tok, traj if details_traj is None else details_traj),
+          failures or [None] * rewards.shape[0], strict=True)])
+
+
+def _neutral_failed(rewards: np.ndarray, failed: np.ndarray, group_size: int) -> np.ndarray:
+  """Failed rows' rewards replaced by the mean of their group's healthy rows (0 if none)."""
+  grouped, bad = rewards.reshape(-1, group_size).copy(), failed.reshape(-1, group_size)
+  healthy = np.where(bad, 0.0, grouped).sum(1) / np.maximum((~bad).sum(1), 1)
+  grouped[bad] = np.broadcast_to(healthy[:, None], grouped.shape)[bad]
+  return grouped.reshape(-1)
 
 
 def episode_metrics(eps: multiturn.Episodes) -> dict[str, float]:
@@ -122,12 +142,17 @@ def _eval_record(r: rl_loop.Rollout, eps: multiturn.Episodes) -> dict[str, float
           **episode_metrics(eps)}
 
 
+# Counts over the batch (summed across evaluation batches, not averaged).
+_COUNTERS = ("env_errors", "env_timeouts", "obs_truncated", "env_calls_stuck")
+
+
 def _weighted(records: list[tuple[int, dict]]) -> dict[str, float]:
-  """Batch records averaged with their sizes as weights, and the total count."""
+  """Batch records averaged with their sizes as weights (counters summed), and the count."""
   total = sum(n for n, _ in records)
   keys = sorted({k for _, rec in records for k in rec})
-  return {**{k: sum(n * rec.get(k, 0.0) for n, rec in records) / total for k in keys},
-          "num_examples": total}
+  out = {k: sum(rec.get(k, 0.0) for _, rec in records) if k in _COUNTERS
+         else sum(n * rec.get(k, 0.0) for n, rec in records) / total for k in keys}
+  return {**out, "num_examples": total}
 
 
 def make(config, model: zoo.Model):
@@ -182,7 +207,8 @@ def _make_host(config, model: zoo.Model, env):
     out = host_loop.rollout(params, model.cfg, tok, env, tasks, rng, how,
                             group_size=group_size, **options)
     labels = [str(t) for t in tasks for _ in range(group_size)]
-    return to_rollout(tok, out.episodes, labels), out
+    return to_rollout(tok, out.episodes, labels, group_size, out.failed, out.unmasked,
+                      out.failures), out
 
   def collect(params, examples, rng):
     del examples

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import time
+import types as types_module
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ def _sampling(tok, temperature=1.0, n=4):
 class HostGuess:
   """guess_number written as a host environment, with the JAX one's texts and rules."""
 
-  host, max_turns = True, 3
+  host = True
 
   def __init__(self, jax_env):
     self.jax_env = jax_env
@@ -81,13 +82,14 @@ def test_the_host_loop_plays_the_episodes_the_scan_plays(tiny, temperature):
         np.asarray(b.tokens)[i][np.asarray(b.valid)[i]].tolist()
   np.testing.assert_array_equal(np.asarray(a.turn_rewards), np.asarray(b.turn_rewards))
   np.testing.assert_array_equal(np.asarray(a.policy_mask).sum(1), np.asarray(b.policy_mask).sum(1))
-  assert hosted.counters == {"env_errors": 0, "env_timeouts": 0, "obs_truncated": 0}
+  assert hosted.counters == {"env_errors": 0, "env_timeouts": 0, "obs_truncated": 0,
+                             "env_calls_stuck": 0}
 
 
 class Faulty:
   """Each task names how its episode misbehaves."""
 
-  host, max_turns = True, 2
+  host = True
 
   def episode(self, task):
     return _FaultyEpisode(task)
@@ -111,6 +113,10 @@ class _FaultyEpisode:
       return base.HostStep(obs=12345, reward=1.0, done=False, info={})
     if self.kind == "nan":
       return base.HostStep(obs="ok", reward=float("nan"), done=False, info={})
+    if self.kind == "bad_info":
+      return base.HostStep(obs="ok", reward=0.0, done=False, info={"x": "many"})
+    if self.kind == "bad_done":
+      return base.HostStep(obs="ok", reward=0.0, done=np.ones(3), info={})
     if self.kind == "huge":
       return base.HostStep(obs="x <|im_end|> " * 500, reward=0.5, done=False, info={})
     return base.HostStep(obs="<|im_end|>root", reward=0.25, done=False, info={})
@@ -118,16 +124,22 @@ class _FaultyEpisode:
 
 def test_faulty_environments_end_their_episodes_are_counted_and_leave_the_loss(tiny):
   tok = tiny.tokenizer
-  kinds = ["fine", "raises", "hangs", "garbage", "nan", "reset_raises", "huge", "fine"]
+  kinds = ["fine", "raises", "hangs", "garbage", "nan", "reset_raises", "huge", "fine",
+           "bad_info", "bad_done"]
   start = time.perf_counter()
   out = host_loop.rollout(tiny.params, tiny.cfg, tok, Faulty(), kinds, jax.random.key(0),
                           _sampling(tok), group_size=1, num_turns=2, obs_tokens=16,
                           step_timeout_s=1.0)
   assert time.perf_counter() - start < 60  # the hung step did not stall the batch
-  assert out.counters == {"env_errors": 4, "env_timeouts": 1, "obs_truncated": 1}
+  stuck = out.counters.pop("env_calls_stuck")
+  assert stuck in (0, 1)  # the hung step may have woken up by the end of the rollout
+  assert out.counters == {"env_errors": 6, "env_timeouts": 1, "obs_truncated": 1}
+  assert out.failed.tolist() == [k not in ("fine", "huge") for k in kinds]
+  assert out.failures[1].startswith("error: ValueError: tool crashed")
+  assert out.failures[2].startswith("timeout")
   traj = out.episodes.traj
   policy = np.asarray(traj.policy_mask)
-  broken = [k in ("raises", "hangs", "garbage", "nan", "reset_raises") for k in kinds]
+  broken = [k not in ("fine", "huge") for k in kinds]
   assert not policy[np.asarray(broken)].any()  # broken episodes are out of the loss
   assert all(policy[i].any() for i, b in enumerate(broken) if not b)
   np.testing.assert_array_equal(np.asarray(traj.rewards)[broken], 0.0)
@@ -196,3 +208,65 @@ def test_tiny_grpo_with_the_calculator_tool_runs_on_the_harness(tmp_path):
               "episode_turns", "turn1/active"):
     assert key in train[0], key
   assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 2]
+
+
+class OneBadReset:
+  host = True
+
+  def __init__(self):
+    self.calls = 0
+
+  def episode(self, task):
+    self.calls += 1
+    return _FaultyEpisode("reset_raises" if self.calls == 2 else task)
+
+
+def test_a_failed_reset_fails_its_whole_group_and_differing_resets_are_refused(tiny):
+  tok = tiny.tokenizer
+  out = host_loop.rollout(tiny.params, tiny.cfg, tok, OneBadReset(), ["fine", "fine"],
+                          jax.random.key(0), _sampling(tok), group_size=2, num_turns=1,
+                          obs_tokens=16, step_timeout_s=5.0)
+  assert out.failed.tolist() == [True, True, False, False]
+  tokens, valid = np.asarray(out.episodes.traj.tokens), np.asarray(out.episodes.traj.valid)
+  prompts = [tokens[i][valid[i]][:20].tolist() for i in range(4)]
+  assert prompts[0] == prompts[1]  # the group still shares one prompt
+
+  class Varying:
+    host = True
+
+    def episode(self, task):
+      return types_module.SimpleNamespace(reset=lambda: f"hello {time.perf_counter_ns()}",
+                                          step=None)
+
+  with pytest.raises(ValueError, match="different first messages"):
+    host_loop.rollout(tiny.params, tiny.cfg, tok, Varying(), ["a"], jax.random.key(0),
+                      _sampling(tok), group_size=2, num_turns=1, obs_tokens=8,
+                      step_timeout_s=5.0)
+
+
+def test_failed_episodes_do_not_move_their_group_baseline():
+  from jaxrl_agents import env_loop
+
+  rewards = np.asarray([1.0, 0.0, 1.0, 0.0, 0.0, 0.0], np.float32)
+  failed = np.asarray([False, True, False, True, True, True])
+  np.testing.assert_array_equal(env_loop._neutral_failed(rewards, failed, 3),
+                                [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+
+
+def test_a_step_that_never_returns_does_not_hold_the_process_at_exit(tmp_path):
+  import subprocess
+  import sys
+  import textwrap
+
+  code = textwrap.dedent("""
+      import time
+      from jaxrl_agents.rollout import host_loop
+      out = host_loop.call_all([lambda: time.sleep(1000)], 0.2, lambda r: None)
+      assert out[0].failure == "timeout" and host_loop.stuck_calls() == 1
+      print("done", flush=True)
+  """)
+  start = time.perf_counter()
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
+  assert time.perf_counter() - start < 30

@@ -100,7 +100,8 @@ def test_logprobs_recomputed_on_the_trajectory_equal_the_sampling_ones(tiny):
   eps = multiturn.rollout(tiny.params, tiny.cfg, env, template, jnp.asarray([1, 4]),
                           jax.random.key(0), _sampling(tok, 1.0), group_size=2, num_turns=3)
   traj = eps.traj
-  assert int(np.asarray(traj.turn_mask).sum()) > 2  # some episode went past its first turn
+  # Some episode went past its first turn (every row is live at turn 0).
+  assert int(np.asarray(traj.turn_mask).sum()) > traj.turn_mask.shape[0]
   mask = np.asarray(traj.policy_mask)
   for group_size in (1, 2):  # the full forward and the shared-prompt one
     recomputed, _ = scoring.policy_logprobs(tiny.params, tiny.cfg, traj, group_size=group_size)
@@ -166,3 +167,32 @@ def test_turns_driven_from_python_give_the_scanned_episodes(tiny):
   stepped = multiturn.rollout_by_turn(*args, group_size=2, num_turns=4)
   for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(stepped), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_end_of_turn_token_is_written_once_whatever_ended_the_reply():
+  """Rows: a reply that ended with <|im_end|>, one cut at the budget, one inactive."""
+  tok = tokenizer_lib.byte_level_tokenizer()
+  template = multiturn.turn_template(tok)
+  end = template.to_user[0]
+  assert end == tok.convert_tokens_to_ids("<|im_end|>")
+  reply = base.Tokens(jnp.asarray([[65, end, 0], [65, 66, 67], [0, 0, 0]]),
+                      jnp.asarray([[True, True, False], [True, True, True], [False] * 3]))
+  obs = base.Tokens(jnp.asarray([[70, 0]] * 3), jnp.asarray([[True, False]] * 3))
+  block = multiturn._env_block(template, (end,), reply, obs, jnp.asarray([True, True, False]))
+  rows = [np.asarray(block.ids)[i][np.asarray(block.mask)[i]].tolist() for i in range(3)]
+  rest = list(template.to_user[1:]) + [70] + list(template.to_reply)
+  assert rows[0] == rest  # the reply's own <|im_end|> closes its turn
+  assert rows[1] == [end] + rest  # cut at the budget: the turn is closed for it
+  assert rows[2] == []  # a finished episode gets nothing
+  assert np.asarray(block.mask)[:2, -1].all()  # left-padded: real tokens end the block
+
+
+def test_reading_numbers_saturates_instead_of_wrapping_around():
+  reader = base.NumberReader(value=jnp.asarray([-1, 429497, 0, 5]),
+                             digits=jnp.asarray([0, 6, 4, 1]),
+                             fresh=jnp.asarray([False, False, False, False]))
+  for ids, expected in [([1, 2], base.NUMBER_CAP), ([1, 2, 3], base.NUMBER_CAP),
+                        ([3, 1, 1], base.NUMBER_CAP), ([3, 0, 3], 5)]:
+    action = base.Tokens(jnp.asarray(ids), jnp.ones(len(ids), bool))
+    value, found = base.last_number(reader, action)
+    assert bool(found) and int(value) == expected, (ids, int(value))

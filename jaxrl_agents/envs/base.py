@@ -74,7 +74,6 @@ class HostEnv(Protocol):
   """A host environment (see the module docstring); `host` is True."""
 
   host: bool
-  max_turns: int
 
   def sample_task(self, rng: np.random.Generator) -> Any: ...
   def episode(self, task: Any) -> Any: ...
@@ -84,7 +83,6 @@ class Env(Protocol):
   """A JAX-native environment (see the module docstring)."""
 
   obs_width: int  # W of every observation
-  max_turns: int  # the episode length the environment is designed for
 
   def sample_task(self, key: jax.Array) -> Any: ...
   def reset(self, key: jax.Array, task: Any) -> tuple[Any, Tokens]: ...
@@ -143,8 +141,7 @@ class NumberReader(NamedTuple):
   fresh: jax.Array
 
 
-# Large enough for any game here, small enough that value * 10**digits + d
-# never leaves int32.
+# Large enough for any game here; reading saturates at it (see `last_number`).
 NUMBER_CAP = 1_000_000
 
 
@@ -176,7 +173,9 @@ def last_number(reader: NumberReader, action: Tokens) -> tuple[jax.Array, jax.Ar
   def scan(carry, x):
     current, in_number, last, found = carry
     v, d, f, is_d = x
-    extended = jnp.minimum(current * (10 ** jnp.minimum(d, 6)) + v, NUMBER_CAP)
+    scale = 10 ** jnp.minimum(d, 6)
+    # Saturate before multiplying: current * scale can leave int32 (1e6 * 1e6).
+    extended = jnp.where(current > (NUMBER_CAP - v) // scale, NUMBER_CAP, current * scale + v)
     start = ~in_number | f
     new_current = jnp.where(is_d, jnp.where(start, v, extended), current)
     closes = in_number & (~is_d | f)

@@ -99,13 +99,11 @@ class Calculator:
 
   host = True
 
-  def __init__(self, tokenizer=None, *, digits: int = 3, max_turns: int = 3):
+  def __init__(self, tokenizer=None, *, digits: int = 3):
     del tokenizer  # observations are text; the loop tokenizes them
     if not 1 <= digits <= 6:
       raise ValueError(f"calculator: digits must be in [1, 6], got {digits}")
-    if max_turns < 1:
-      raise ValueError(f"calculator: max_turns must be >= 1, got {max_turns}")
-    self.digits, self.max_turns = digits, max_turns
+    self.digits = digits
 
   def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
     low, high = 10 ** (self.digits - 1), 10 ** self.digits

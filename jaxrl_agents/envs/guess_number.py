@@ -31,13 +31,11 @@ class State(NamedTuple):
 class GuessNumber:
   """The environment (see the module docstring); `low`..`high` inclusive."""
 
-  def __init__(self, tokenizer, *, low: int = 1, high: int = 16, max_turns: int = 5):
+  def __init__(self, tokenizer, *, low: int = 1, high: int = 16):
     if not 0 <= low < high < base.NUMBER_CAP:
       raise ValueError(f"guess_number needs 0 <= low < high < {base.NUMBER_CAP}, "
                        f"got low={low}, high={high}")
-    if max_turns < 1:
-      raise ValueError(f"guess_number: max_turns must be >= 1, got {max_turns}")
-    self.low, self.high, self.max_turns = low, high, max_turns
+    self.low, self.high = low, high
     self.prompt = base.piece_table(tokenizer, [
         f"I am thinking of a whole number from {low} to {high}. Guess it: answer with just "
         "the number, and I will tell you whether mine is higher or lower."])

@@ -8,22 +8,28 @@ answers as plain text (never control tokens) and appends them to the cache
 with the jitted extend. The history is never re-rendered or re-tokenized.
 
 An environment is hostile input too. A step that raises, runs past
-`step_timeout_s`, or returns something that is not a `HostStep` (a non-string
-observation, a non-finite reward) ends that episode: it scores 0, its tokens
-leave the loss (its `policy_mask` is cleared: the policy is not graded on the
-environment's failure) and it is counted (`env_errors`, `env_timeouts`); the
-batch goes on. A thread stuck in a step cannot be stopped; the pool it
-occupies is abandoned (left to finish in the background) and the next step
-gets a fresh one, so one stuck environment never stalls training. Observations
-longer than `obs_tokens` tokens are cut (counted as `obs_truncated`).
+`step_timeout_s` (from its own start), or returns something that is not a
+usable `HostStep` (a non-string observation, a non-finite reward or info
+value, a non-bool done) ends that episode: its tokens leave the loss (its
+`policy_mask` is cleared: the policy is not graded on the environment's
+failure), its reward is 0 and it is counted (`env_errors`, `env_timeouts`; the
+first few are logged); the batch goes on. A failed reset fails its whole group
+(its episodes share a prompt). Each call runs in its own daemon thread, so a
+call that never returns blocks neither the loop nor the interpreter's exit;
+it cannot be stopped, though (`env_calls_stuck` counts those still running).
+Environment text is bounded before it is tokenized (MAX_RESET_CHARS, and
+OBS_CHARS_PER_TOKEN per observation token); observations longer than
+`obs_tokens` tokens are cut (`obs_truncated`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
+import logging
 import math
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -36,57 +42,75 @@ from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import multiturn, shapes
 from jaxrl_agents.rollout import sampler as sampler_lib
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+log = logging.getLogger(__name__)
 
-
-def _executor(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-  global _pool
-  if _pool is None:
-    _pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="host-env")
-  return _pool
-
-
-def _abandon_executor() -> None:
-  """Leaves a pool with a stuck thread to finish on its own; the next call makes a new one."""
-  global _pool
-  if _pool is not None:
-    _pool.shutdown(wait=False, cancel_futures=True)
-    _pool = None
+# Characters of environment text read at most: tokenizing is linear, but a
+# hostile environment could hand over gigabytes. A longer first message fails
+# its episode; a longer observation is cut (and then cut to obs_tokens).
+MAX_RESET_CHARS = 16_384
+OBS_CHARS_PER_TOKEN = 32
 
 
 class Outcome(NamedTuple):
   """One environment call's result as the loop sees it."""
 
-  step: base.HostStep | None  # None when the call failed
+  step: Any  # the call's checked result; None when it failed
   failure: str | None  # "error" or "timeout"
   detail: str
 
 
-def call_all(calls: Sequence[Callable[[], Any]], timeout_s: float, check: Callable[[Any], None],
-             workers: int = 32) -> list[Outcome]:
-  """Runs `calls` concurrently; each result is checked by `check` (raises on garbage).
+class _Call(threading.Thread):
+  """One environment call in its own daemon thread: a stuck call never blocks the loop, the
+  next turn, or the interpreter's exit (a pool's worker threads would be joined at exit)."""
 
-  A call that raises, fails the check or is unfinished `timeout_s` after the
-  calls started gives an Outcome with its failure; none of them raises here.
+  def __init__(self, fn: Callable[[], Any]):
+    super().__init__(daemon=True, name="host-env-step")
+    self.fn, self.result, self.error = fn, None, None
+
+  def run(self) -> None:
+    try:
+      self.result = self.fn()
+    except BaseException as e:  # noqa: BLE001 - reported as the call's failure
+      self.error = e
+
+
+_stuck: list[_Call] = []  # calls that ran past their limit and have not returned yet
+
+
+def stuck_calls() -> int:
+  """Environment calls still running after their time limit (threads that cannot be stopped)."""
+  _stuck[:] = [c for c in _stuck if c.is_alive()]
+  return len(_stuck)
+
+
+def call_all(calls: Sequence[Callable[[], Any]], timeout_s: float,
+             check: Callable[[Any], None]) -> list[Outcome]:
+  """Runs `calls` at once, each in its own thread with `timeout_s` from its start; each
+  result is checked by `check` (raises on garbage).
+
+  A call that raises, fails the check or has not returned in time gives an
+  Outcome with its failure; nothing raises here. A CPU-bound call that never
+  returns keeps a thread busy (counted by `stuck_calls`): give such
+  environments their own time limits, or run them out of process.
   """
-  pool = _executor(workers)
-  futures = [pool.submit(fn) for fn in calls]
-  done, _ = concurrent.futures.wait(futures, timeout=timeout_s)
-  outcomes, stuck = [], False
-  for future in futures:
-    if future not in done:
-      future.cancel()
-      stuck = True
+  threads = [_Call(fn) for fn in calls]
+  deadline = time.monotonic() + timeout_s
+  for t in threads:
+    t.start()
+  outcomes = []
+  for t in threads:
+    t.join(max(0.0, deadline - time.monotonic()))
+    if t.is_alive():
+      _stuck.append(t)
       outcomes.append(Outcome(None, "timeout", f"no answer within {timeout_s:g} s"))
       continue
     try:
-      result = future.result()
-      check(result)
-      outcomes.append(Outcome(result, None, ""))
+      if t.error is not None:
+        raise t.error
+      check(t.result)
+      outcomes.append(Outcome(t.result, None, ""))
     except Exception as e:  # noqa: BLE001 - the environment's failure is data, not a crash
       outcomes.append(Outcome(None, "error", f"{type(e).__name__}: {str(e)[:200]}"))
-  if stuck:
-    _abandon_executor()
   return outcomes
 
 
@@ -98,11 +122,22 @@ def check_step(result: Any) -> None:
     raise TypeError(f"observation is {type(result.obs).__name__}, not str")
   if not math.isfinite(float(result.reward)):
     raise ValueError(f"reward {result.reward!r} is not finite")
+  if not isinstance(result.done, bool | np.bool_ | int) or isinstance(result.done, float):
+    raise TypeError(f"done is {type(result.done).__name__}, not bool")
+  if not isinstance(result.info, Mapping):
+    raise TypeError(f"info is {type(result.info).__name__}, not a dict")
+  for name, value in result.info.items():
+    if not isinstance(name, str) or not isinstance(value, int | float | np.number) \
+        or not math.isfinite(float(value)):
+      raise ValueError(f"info[{name!r}] = {value!r} is not a finite number")
 
 
 def check_reset(result: Any) -> None:
   if not isinstance(result, str) or not result:
     raise TypeError(f"reset returned {type(result).__name__} {str(result)[:40]!r}, not text")
+  if len(result) > MAX_RESET_CHARS:
+    raise ValueError(f"the first message has {len(result)} characters (at most "
+                     f"{MAX_RESET_CHARS})")
 
 
 def _tokens(tok, texts: Sequence[str], width: int) -> tuple[base.Tokens, int]:
@@ -111,7 +146,7 @@ def _tokens(tok, texts: Sequence[str], width: int) -> tuple[base.Tokens, int]:
   mask = np.zeros((len(texts), width), bool)
   cut = 0
   for i, text in enumerate(texts):
-    row = tokenizer_lib.plain_ids(tok, text) if text else []
+    row = tokenizer_lib.plain_ids(tok, text[:width * OBS_CHARS_PER_TOKEN]) if text else []
     cut += len(row) > width
     row = row[:width]
     ids[i, :len(row)], mask[i, :len(row)] = row, True
@@ -135,10 +170,64 @@ def _prefill(params, cfg, ids, mask, cache_len):
 
 
 class HostEpisodes(NamedTuple):
-  """`multiturn.Episodes` plus the loop's counters (ints over the batch)."""
+  """`multiturn.Episodes` (failed episodes out of the loss) and what went wrong.
+
+  Attributes:
+    episodes: the Episodes; a failed row's policy_mask is cleared and its reward 0.
+    counters: env_errors, env_timeouts, obs_truncated, env_calls_stuck (ints).
+    failed: bool[B] episodes an environment failure ended.
+    failures: per row, the failure ("error: ..." / "timeout: ...") or None.
+    unmasked: the Trajectory before failed rows were masked (for samples.jsonl).
+  """
 
   episodes: multiturn.Episodes
   counters: dict[str, int]
+  failed: np.ndarray
+  failures: list[str | None]
+  unmasked: Any
+
+
+class _Failures:
+  """Counts and remembers environment failures, logging the first few of a rollout."""
+
+  def __init__(self, b: int):
+    self.failed, self.why = np.zeros(b, bool), [None] * b
+    self.counters = {"env_errors": 0, "env_timeouts": 0, "obs_truncated": 0}
+
+  def add(self, row: int, outcome: Outcome) -> None:
+    self.counters["env_errors" if outcome.failure == "error" else "env_timeouts"] += 1
+    self.failed[row], self.why[row] = True, f"{outcome.failure}: {outcome.detail}"
+    if sum(w is not None for w in self.why) <= 3:
+      log.warning("host environment failed (episode %d): %s", row, self.why[row])
+
+
+def _first_messages(episodes, group_size: int, timeout_s: float, fails: _Failures) -> list[str]:
+  """Each episode's first message. A group whose episodes must share a prompt (GRPO compares
+  them; scoring may run it once per group) fails whole if one reset fails."""
+  starts = call_all([ep.reset for ep in episodes], timeout_s, check_reset)
+  texts = []
+  for g in range(0, len(episodes), group_size):
+    group = starts[g:g + group_size]
+    broken = [i for i, o in enumerate(group) if o.failure]
+    for i in broken:
+      fails.add(g + i, group[i])
+    if broken:
+      fails.failed[g:g + group_size] = True
+      texts += ["The environment failed to start."] * len(group)
+      continue
+    if len({o.step for o in group}) > 1:
+      raise ValueError("a host environment's reset() gave different first messages for one "
+                       "task; the episodes of a group must start from the same prompt")
+    texts += [o.step for o in group]
+  return texts
+
+
+def _replies(tok, out, stop_tokens) -> list[str]:
+  """Decoded replies with special-token text kept (a tool tag may be a special token); only
+  the stop token is dropped."""
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  return [tok.decode([t for t in row[:n].tolist() if t not in stop_tokens],
+                     skip_special_tokens=False) for row, n in zip(tokens, lengths, strict=True)]
 
 
 def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
@@ -151,49 +240,36 @@ def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
   """
   template = multiturn.turn_template(tok, system)
   episodes = [env.episode(task) for task in tasks for _ in range(group_size)]
-  b, counters = len(episodes), {"env_errors": 0, "env_timeouts": 0, "obs_truncated": 0}
-  failed = np.zeros(b, bool)
-  starts = call_all([ep.reset for ep in episodes], step_timeout_s, check_reset)
-  first = []
-  for i, outcome in enumerate(starts):
-    if outcome.failure:
-      counters["env_errors" if outcome.failure == "error" else "env_timeouts"] += 1
-      failed[i] = True
-    first.append(outcome.step if not outcome.failure else "The environment failed to start.")
+  b, fails = len(episodes), _Failures(len(episodes))
   rows = [list(template.opening) + tokenizer_lib.plain_ids(tok, text) + list(template.to_reply)
-          for text in first]
+          for text in _first_messages(episodes, group_size, step_timeout_s, fails)]
   ids, mask = tokenizer_lib.pad_left(rows, 0, shapes.prompt_width(max(map(len, rows))))
   block_width = len(template.to_user) + obs_tokens + len(template.to_reply)
   context = _prefill(params, cfg, jnp.asarray(ids), jnp.asarray(mask),
                      cache_len=ids.shape[1] + num_turns * (sampling.max_new_tokens + block_width))
-  done, records = failed.copy(), []
+  done, records = fails.failed.copy(), []
   for k in range(num_turns):
     out, context = _decode(params, cfg, context, jax.random.fold_in(rng, k), sampling,
                            jnp.asarray(~done))
-    lengths = np.asarray(out.lengths)
-    replies = tokenizer_lib.decode_completions(tok, np.asarray(out.tokens), lengths,
-                                               sampling.stop_tokens)
+    replies = _replies(tok, out, sampling.stop_tokens)
     live = np.flatnonzero(~done)
     outcomes = call_all([functools.partial(episodes[i].step, replies[i]) for i in live],
                         step_timeout_s, check_step)
-    obs, reward = [""] * b, np.zeros(b, np.float32)
-    finished, info = done.copy(), {}
+    obs, reward, finished, info = [""] * b, np.zeros(b, np.float32), done.copy(), {}
     for i, outcome in zip(live, outcomes, strict=True):
       if outcome.failure:
-        counters["env_errors" if outcome.failure == "error" else "env_timeouts"] += 1
-        failed[i] = finished[i] = True
+        fails.add(i, outcome)
+        finished[i] = True
         continue
       step = outcome.step
-      obs[i], reward[i] = step.obs, float(step.reward)
-      finished[i] = bool(step.done)
+      obs[i], reward[i], finished[i] = step.obs, float(step.reward), bool(step.done)
       for name, value in step.info.items():
         info.setdefault(name, np.zeros(b, np.float32))[i] = float(value)
-    if k == num_turns - 1:
-      finished[:] = True
+    finished |= k == num_turns - 1
     obs_block, cut = _tokens(tok, [o if not f else "" for o, f in zip(obs, finished,
                                                                         strict=True)],
                              obs_tokens)  # only what is appended
-    counters["obs_truncated"] += cut
+    fails.counters["obs_truncated"] += cut
     reply = base.Tokens(out.tokens, out.mask)
     context, block = _append(params, cfg, context, template, sampling.stop_tokens, reply,
                              obs_block, jnp.asarray(~finished))
@@ -203,15 +279,23 @@ def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
     done = finished
     if done.all():
       break
+  return _finish(ids, mask, records, num_turns, fails)
+
+
+def _finish(ids, mask, records: list[dict], num_turns: int, fails: _Failures) -> HostEpisodes:
+  """HostEpisodes from the played turns; unplayed turns are recorded as not live."""
+  b = ids.shape[0]
   records = _same_info_keys(records, b)
   records += [jax.tree.map(jnp.zeros_like, records[-1])] * (num_turns - len(records))
   eps = multiturn.finish(base.Tokens(jnp.asarray(ids), jnp.asarray(mask)),
                          jax.tree.map(lambda *xs: jnp.stack(xs), *records), group_size=1)
   # An episode the environment broke teaches nothing: out of the loss, reward 0.
-  keep = jnp.asarray(~failed)
+  keep = jnp.asarray(~fails.failed)
   traj = eps.traj.replace(policy_mask=eps.traj.policy_mask & keep[:, None],
                           turn_rewards=jnp.where(keep[:, None], eps.traj.turn_rewards, 0.0))
-  return HostEpisodes(eps._replace(traj=traj), counters)
+  counters = {**fails.counters, "env_calls_stuck": stuck_calls()}
+  return HostEpisodes(eps._replace(traj=traj), counters, fails.failed.copy(), fails.why,
+                      eps.traj)
 
 
 def _same_info_keys(records: list[dict], b: int) -> list[dict]:

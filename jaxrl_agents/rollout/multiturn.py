@@ -165,6 +165,9 @@ def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTem
                                     sampling, active=~carry.done, keep_cache=True)
   reply = base.Tokens(out.tokens, out.mask)
   step = jax.vmap(env.step)(carry.states, reply)
+  if step.obs.ids.shape[-1] != env.obs_width:  # the cache has room for obs_width only
+    raise ValueError(f"{type(env).__name__}.step returned observations of width "
+                     f"{step.obs.ids.shape[-1]}, its obs_width is {env.obs_width}")
   live = ~carry.done
   states = jax.tree.map(lambda new, old: jnp.where(
       live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), step.state, carry.states)
