@@ -107,6 +107,13 @@ def loss_hyperparameters(policy_loss: str, per_loss: Mapping[str, Mapping[str, A
   return tuple(sorted(kwargs.items()))
 
 
+def policy_token_budget(config) -> int:
+  """The most policy tokens an episode can hold: max_new_tokens per turn, times max_turns for
+  an environment run (Dr. GRPO's normalizer; the budget `truncated_frac` compares with)."""
+  turns = config.get("max_turns", 1) if config.get("env") else 1
+  return int(config.max_new_tokens) * int(turns)
+
+
 def from_config(config) -> PolicyObjective:
   """The PolicyObjective of an RL experiment's config (see experiments/configs/)."""
   control = config.get("token_control", None)
@@ -114,7 +121,7 @@ def from_config(config) -> PolicyObjective:
       policy_loss=config.policy_loss,
       loss_kwargs=loss_hyperparameters(config.policy_loss, config.loss_kwargs),
       aggregation=config.aggregation,
-      normalizer=float(config.max_new_tokens),
+      normalizer=float(policy_token_budget(config)),
       kl=config.kl_estimator,
       kl_on=config.kl_coef > 0,
       entropy_coef=float(config.entropy_coef),

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import credit, harness, types
+from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import time_limit
@@ -280,7 +281,8 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     t2 = time.perf_counter()
     generated = int(np.asarray(r.traj.policy_mask).sum())
     record = {
-        **rollout_metrics(r, config.group_size, config.max_new_tokens), **extra,
+        **rollout_metrics(r, config.group_size, objective_lib.policy_token_budget(config)),
+        **extra,
         **{k: float(v) for k, v in update_metrics.items()},
         "skipped_updates": algorithm.nonfinite_count(state)[1],
         "rollout_time_s": t1 - t0, "update_time_s": t2 - t1,
