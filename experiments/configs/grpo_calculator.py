@@ -15,28 +15,11 @@ Variants: `:tiny` (the tiny random model, 2-digit factors, 2 turns: a smoke test
 
 import ml_collections
 
-from experiments.configs import grpo_arithmetic
+from experiments.configs import env_common, grpo_arithmetic
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = grpo_arithmetic.get_config(variant)
-  c.env = "calculator"
-  c.env_kwargs = ml_collections.ConfigDict(dict(digits=3))
-  c.max_turns = 3
-  c.env_step_timeout_s = 10.0  # a step slower than this ends its episode (counted)
-  c.env_obs_tokens = 64  # a longer tool answer is cut (counted as obs_truncated)
-  c.task = ""
-  c.max_new_tokens = 48  # per turn
-  c.prompts_per_step = 4
-  c.group_size = 8
-  c.eval_size = 64
-  c.eval_batch_size = 32
-  c.temperature = 1.0
-  if variant == "tiny":
-    c.env_kwargs = ml_collections.ConfigDict(dict(digits=2))
-    c.max_turns = 2
-    c.max_new_tokens = 8
-    c.prompts_per_step = 2
-    c.eval_size = 4
-    c.eval_batch_size = 4
-  return c
+  return env_common.set_env(
+      grpo_arithmetic.get_config(variant), variant, env="calculator",
+      options=dict(digits=3), tiny_options=dict(digits=2), max_turns=3, tiny_max_turns=2,
+      max_new_tokens=48, tiny_max_new_tokens=8)

@@ -15,28 +15,12 @@ a smoke test).
 
 import ml_collections
 
-from experiments.configs import grpo_arithmetic
+from experiments.configs import env_common, grpo_arithmetic
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = grpo_arithmetic.get_config(variant)
-  # A registered JAX-native environment (jaxrl_agents/envs) and its options; the
-  # data, prompt and reward keys of single-turn runs are not used with one.
-  c.env = "guess_number"
-  c.env_kwargs = ml_collections.ConfigDict(dict(low=1, high=16))
-  c.max_turns = 5  # bisection needs ceil(log2(high - low + 2)) turns
-  c.task = ""
-  c.max_new_tokens = 8  # per turn
-  c.prompts_per_step = 4
-  c.group_size = 8
-  c.eval_size = 64
-  c.eval_batch_size = 32
-  c.temperature = 1.0
-  if variant == "tiny":
-    c.env_kwargs = ml_collections.ConfigDict(dict(low=1, high=4))
-    c.max_turns = 3
-    c.max_new_tokens = 2
-    c.prompts_per_step = 2
-    c.eval_size = 8
-    c.eval_batch_size = 8
-  return c
+  # Bisection needs ceil(log2(high - low + 2)) turns: 5 for 1-16, 3 for 1-4.
+  return env_common.set_env(
+      grpo_arithmetic.get_config(variant), variant, env="guess_number",
+      options=dict(low=1, high=16), tiny_options=dict(low=1, high=4), max_turns=5,
+      tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=2)

@@ -1,0 +1,35 @@
+"""What every environment experiment sets on top of grpo_arithmetic's keys.
+
+An environment run (`config.env`) draws its tasks each step and scores
+episodes by their return; the data, prompt and reward keys of single-turn runs
+are not used (experiments/common.py refuses the ones that would change a
+result).
+"""
+
+import ml_collections
+
+
+def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, options: dict,
+            tiny_options: dict, max_turns: int, tiny_max_turns: int, max_new_tokens: int,
+            tiny_max_new_tokens: int) -> ml_collections.ConfigDict:
+  """Sets the environment (a registered name and its options), the episode's shape and the
+  batch: 4 tasks x 8 episodes per step, 64 held-out tasks; `:tiny` halves the tasks."""
+  tiny = variant == "tiny"
+  c.env = env
+  c.env_kwargs = ml_collections.ConfigDict(tiny_options if tiny else options)
+  c.max_turns = tiny_max_turns if tiny else max_turns
+  c.max_new_tokens = tiny_max_new_tokens if tiny else max_new_tokens  # per turn
+  c.env_step_timeout_s = 10.0  # host environments: a slower step ends its episode (counted)
+  c.env_obs_tokens = 64  # host environments: a longer answer is cut (counted)
+  c.task = ""
+  c.prompts_per_step = 2 if tiny else 4
+  c.group_size = 8
+  c.eval_size = 8 if tiny else 64
+  c.eval_batch_size = 8 if tiny else 32
+  c.temperature = 1.0
+  # The update computes vocabulary logits for every column after the prompt, the
+  # environment's included (K x (reply + answer) columns): four minibatches keep
+  # SmolLM2's update within a few GB (one batch of 32 calculator episodes asked
+  # for 31 GB).
+  c.minibatches = 1 if tiny else 4
+  return c
