@@ -17,6 +17,8 @@ and the harness runs `config.steps` steps in `workdir`:
   metrics.jsonl    one record per step (kind "train") and per evaluation (kind "eval")
   samples.jsonl    the train step's samples every `sample_every` steps, and eval samples
   tensorboard/     the same scalars as TensorBoard events
+  run.lock         the live run's pid, host and start (`workdir.WorkdirLock`)
+  previous/TIME/   files a resume or start_over moved aside
 
 Schedule (all from the config): evaluate at step 0, every `eval_every` steps
 and every `eval_every_s` seconds of training time, and at the end; checkpoint
