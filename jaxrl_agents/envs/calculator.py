@@ -1,7 +1,8 @@
 """A calculator tool for multiplication the model cannot do in its head (a host environment).
 
-Task: "What is A * B?" with A, B of `digits` digits. Each turn the agent either
-calls the tool or answers:
+Task: "What is A * B?" with A, B of `digits` digits (with `example`, the
+question shows one worked call). Each turn the agent either calls the tool or
+answers:
 
   <tool_call>{"name": "calculator", "arguments": {"expression": "123 * 456"}}</tool_call>
 
@@ -70,17 +71,24 @@ def _show(value: Fraction) -> str:
   return f"{value.numerator / value.denominator:.6g}"
 
 
+def call_text(expression: str) -> str:
+  """A tool call of the calculator, as the agent should write it."""
+  return f"{OPEN}{json.dumps({'name': 'calculator', 'arguments': {'expression': expression}})}" \
+      f"{CLOSE}"
+
+
 class CalculatorEpisode:
   """One question and its calls."""
 
-  def __init__(self, a: int, b: int):
-    self.a, self.b = a, b
+  def __init__(self, a: int, b: int, example: bool):
+    self.a, self.b, self.example = a, b, example
 
   def reset(self) -> str:
+    how = (f"For example, for 12 * 34 you would write {call_text('12 * 34')} and I would "
+           "reply 408. " if self.example else "")
     return (f"What is {self.a} * {self.b}? You may use a calculator: write "
-            f'{OPEN}{{"name": "calculator", "arguments": {{"expression": "..."}}}}{CLOSE} '
-            "and I will reply with the value. When you know the answer, reply with just the "
-            "number.")
+            f"{call_text('...')} and I will reply with the value. {how}When you know the "
+            "answer, reply with just the number.")
 
   def step(self, reply: str) -> base.HostStep:
     call = tool_call(reply)
@@ -99,18 +107,18 @@ class Calculator:
 
   host = True
 
-  def __init__(self, tokenizer=None, *, digits: int = 3):
+  def __init__(self, tokenizer=None, *, digits: int = 3, example: bool = True):
     del tokenizer  # observations are text; the loop tokenizes them
     if not 1 <= digits <= 6:
       raise ValueError(f"calculator: digits must be in [1, 6], got {digits}")
-    self.digits = digits
+    self.digits, self.example = digits, example
 
   def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
     low, high = 10 ** (self.digits - 1), 10 ** self.digits
     return {"a": int(rng.integers(low, high)), "b": int(rng.integers(low, high))}
 
   def episode(self, task: dict[str, Any]) -> CalculatorEpisode:
-    return CalculatorEpisode(int(task["a"]), int(task["b"]))
+    return CalculatorEpisode(int(task["a"]), int(task["b"]), self.example)
 
 
 @registry.register("env", "calculator")
