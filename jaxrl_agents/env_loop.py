@@ -20,10 +20,8 @@ import jax
 import numpy as np
 
 from jaxrl_agents import envs, rl_loop
-from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import host_loop, multiturn
-from jaxrl_agents.rollout import sampler as sampler_lib
 
 # Held-out tasks come from this key, whatever the run's seed: runs compare on the same tasks.
 EVAL_TASKS_KEY = 20_261_125
@@ -126,17 +124,6 @@ def _labels(tasks, group_size: int) -> list[str]:
   return [str(t) for t in np.repeat(first, group_size, axis=0).tolist()]
 
 
-def _samplings(config, tok) -> tuple[sampler_lib.SamplingConfig, sampler_lib.SamplingConfig]:
-  """(the training sampling, greedy evaluation) of the config."""
-  stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
-  return (sampler_lib.SamplingConfig(
-      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
-      pad_id=pad),
-      sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
-                                 stop_tokens=stop, pad_id=pad))
-
-
 def _eval_record(r: rl_loop.Rollout, eps: multiturn.Episodes) -> dict[str, float]:
   return {"accuracy": float(r.correct.mean()), "reward_mean": float(r.rewards.mean()),
           **episode_metrics(eps)}
@@ -162,7 +149,8 @@ def make(config, model: zoo.Model):
   if getattr(env, "host", False):
     return _make_host(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None)
-  sampling, greedy = _samplings(config, tok)
+  sampling = rl_loop.sampling_from_config(config, tok)
+  greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
   turns = config.max_turns
 
@@ -198,7 +186,8 @@ def make(config, model: zoo.Model):
 def _make_host(config, model: zoo.Model, env):
   """(collect, evaluate, data) for a host environment (`rollout.host_loop`)."""
   tok = model.tokenizer
-  sampling, greedy = _samplings(config, tok)
+  sampling = rl_loop.sampling_from_config(config, tok)
+  greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
   system = config.get("system_prompt") or None
   options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
                  step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system)

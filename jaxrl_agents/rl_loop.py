@@ -210,16 +210,25 @@ class Collect(Protocol):
                ) -> tuple[Rollout, dict[str, float]]: ...
 
 
+def sampling_from_config(config, tok, greedy: bool = False) -> sampler_lib.SamplingConfig:
+  """The rollouts' SamplingConfig (config.max_new_tokens, temperature, top_p, top_k), or with
+  greedy the evaluation's (temperature 0)."""
+  stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
+  if greedy:
+    return sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
+                                      stop_tokens=stop, pad_id=pad)
+  return sampler_lib.SamplingConfig(
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
+      pad_id=pad)
+
+
 def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grader,
                           eval_examples: Sequence[Mapping[str, Any]]
                           ) -> tuple[Collect, Callable[[Any], tuple[dict, list[dict]]] | None]:
   """(collect, evaluate) of a single-turn task: prompts from the data, rewarded replies,
   optionally PAR-shaped (config.reward_shaping); greedy evaluation on `eval_examples`."""
-  sampling = sampler_lib.SamplingConfig(
-      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0),
-      stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
-      pad_id=model.tokenizer.pad_token_id)
+  sampling = sampling_from_config(config, model.tokenizer)
   prompt_kwargs = dict(template=config.prompt_template, chat=config.chat,
                        system=config.get("system_prompt") or None,
                        overflow=config.get("prompt_overflow", "error"))

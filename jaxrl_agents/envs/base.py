@@ -100,9 +100,14 @@ def piece_table(tokenizer, texts: Sequence[str], width: int | None = None) -> To
   if longest > width:
     raise ValueError(f"a piece of {longest} tokens does not fit width {width}: "
                      f"{texts[int(np.argmax([len(i) for i in ids]))]!r}")
-  table = np.zeros((len(ids), width), np.int32)
-  mask = np.zeros((len(ids), width), bool)
-  for r, row in enumerate(ids):
+  return token_rows(ids, width)
+
+
+def token_rows(rows: Sequence[Sequence[int]], width: int) -> Tokens:
+  """Token id lists (each at most `width` long) left-aligned in int32[n, width] with masks."""
+  table = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros((len(rows), width), bool)
+  for r, row in enumerate(rows):
     table[r, :len(row)] = row
     mask[r, :len(row)] = True
   return Tokens(jnp.asarray(table), jnp.asarray(mask))

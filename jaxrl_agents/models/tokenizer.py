@@ -205,10 +205,12 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = No
   return tokens, mask
 
 
-def decode_completions(tok, tokens, lengths, stop_tokens: Sequence[int]) -> list[str]:
-  """Texts of completions int[B, N] with `lengths` tokens each, without their stop token."""
+def decode_completions(tok, tokens, lengths, stop_tokens: Sequence[int],
+                       skip_special_tokens: bool = True) -> list[str]:
+  """Texts of completions int[B, N] with `lengths` tokens each, without their stop token
+  (and, unless told otherwise, without other special tokens)."""
   texts = []
   for row, n in zip(np.asarray(tokens), np.asarray(lengths), strict=True):
     ids = [t for t in row[:n].tolist() if t not in stop_tokens]
-    texts.append(tok.decode(ids, skip_special_tokens=True))
+    texts.append(tok.decode(ids, skip_special_tokens=skip_special_tokens))
   return texts

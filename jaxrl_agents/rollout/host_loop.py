@@ -142,15 +142,9 @@ def check_reset(result: Any) -> None:
 
 def _tokens(tok, texts: Sequence[str], width: int) -> tuple[base.Tokens, int]:
   """Texts as plain-text tokens, left-aligned in [B, width]; and how many were cut."""
-  ids = np.zeros((len(texts), width), np.int32)
-  mask = np.zeros((len(texts), width), bool)
-  cut = 0
-  for i, text in enumerate(texts):
-    row = tokenizer_lib.plain_ids(tok, text[:width * OBS_CHARS_PER_TOKEN]) if text else []
-    cut += len(row) > width
-    row = row[:width]
-    ids[i, :len(row)], mask[i, :len(row)] = row, True
-  return base.Tokens(jnp.asarray(ids), jnp.asarray(mask)), cut
+  rows = [tokenizer_lib.plain_ids(tok, t[:width * OBS_CHARS_PER_TOKEN]) if t else []
+          for t in texts]
+  return base.token_rows([r[:width] for r in rows], width), sum(len(r) > width for r in rows)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling"))
@@ -222,14 +216,6 @@ def _first_messages(episodes, group_size: int, timeout_s: float, fails: _Failure
   return texts
 
 
-def _replies(tok, out, stop_tokens) -> list[str]:
-  """Decoded replies with special-token text kept (a tool tag may be a special token); only
-  the stop token is dropped."""
-  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-  return [tok.decode([t for t in row[:n].tolist() if t not in stop_tokens],
-                     skip_special_tokens=False) for row, n in zip(tokens, lengths, strict=True)]
-
-
 def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
             tasks: Sequence[Any], rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
             group_size: int, num_turns: int, obs_tokens: int, step_timeout_s: float,
@@ -251,7 +237,9 @@ def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
   for k in range(num_turns):
     out, context = _decode(params, cfg, context, jax.random.fold_in(rng, k), sampling,
                            jnp.asarray(~done))
-    replies = _replies(tok, out, sampling.stop_tokens)
+    # Special-token text stays in the replies: a tool's tag may be a special token.
+    replies = tokenizer_lib.decode_completions(tok, out.tokens, out.lengths,
+                                               sampling.stop_tokens, skip_special_tokens=False)
     live = np.flatnonzero(~done)
     outcomes = call_all([functools.partial(episodes[i].step, replies[i]) for i in live],
                         step_timeout_s, check_step)

@@ -301,6 +301,23 @@ def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
                       next_position=context.next_position + mask.sum(-1).astype(jnp.int32))
 
 
+def _pick_and_record(state, logits, step, *, sampling: SamplingConfig):
+  """Picks each live row's token at column `step` and records it with its log-probabilities.
+
+  state is (rng, tokens, logp, sampling logp, done); returns (state, token, live).
+  """
+  rng, tokens, logp, slogp, done = state
+  rng, step_rng = jax.random.split(rng)
+  token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling)
+  live = ~done
+  token = jnp.where(live, token, sampling.pad_id)
+  tokens = tokens.at[:, step].set(token)
+  logp = logp.at[:, step].set(jnp.where(live, policy_logp, 0.0))
+  slogp = slogp.at[:, step].set(jnp.where(live, sampling_logp, 0.0))
+  done = done | jnp.isin(token, jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32))
+  return (rng, tokens, logp, slogp, done), token, live
+
+
 def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rng: jax.Array,
            sampling: SamplingConfig, max_steps: jax.Array | int | None = None, *,
            active: jax.Array | None = None, keep_cache: bool = False
@@ -338,20 +355,8 @@ def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rn
   batch = start_position.shape[0]
   n = sampling.max_new_tokens
   start_slot = start_cache.index
-  stop = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
   limit = jnp.minimum(n, n if max_steps is None else max_steps)
-
-  def pick_and_record(state, logits, step):
-    rng, tokens, logp, slogp, done = state
-    rng, step_rng = jax.random.split(rng)
-    token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling)
-    live = ~done
-    token = jnp.where(live, token, sampling.pad_id)
-    tokens = tokens.at[:, step].set(token)
-    logp = logp.at[:, step].set(jnp.where(live, policy_logp, 0.0))
-    slogp = slogp.at[:, step].set(jnp.where(live, sampling_logp, 0.0))
-    done = done | jnp.isin(token, stop)
-    return (rng, tokens, logp, slogp, done), token, live
+  pick_and_record = functools.partial(_pick_and_record, sampling=sampling)
 
   done = jnp.zeros((batch,), bool) if active is None else ~active
   state = (rng, jnp.full((batch, n), sampling.pad_id, jnp.int32),
