@@ -134,21 +134,26 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.start_over = False
 
   if variant == "tiny":
-    c.model = "tiny"
-    c.steps = 3
-    c.prompts_per_step = 3
-    c.group_size = 4
-    c.max_new_tokens = 16
-    c.eval_size = 8
-    c.eval_batch_size = 8
-    c.eval_every = 2
-    c.checkpoint_every = 1
-    c.sample_every = 1
-    c.optimizer.learning_rate = 1e-3
-    tiny_reward(c)
-  elif variant:
+    return _tiny(c)
+  if variant:
     raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")
   return c
+
+
+def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The smoke-test variant: the tiny random model, a few small steps, every artifact."""
+  c.model = "tiny"
+  c.steps = 3
+  c.prompts_per_step = 3
+  c.group_size = 4
+  c.max_new_tokens = 16
+  c.eval_size = 8
+  c.eval_batch_size = 8
+  c.eval_every = 2
+  c.checkpoint_every = 1
+  c.sample_every = 1
+  c.optimizer.learning_rate = 1e-3
+  return tiny_reward(c)
 
 
 def tiny_reward(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
