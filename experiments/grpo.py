@@ -6,7 +6,8 @@ r"""GRPO (and its variants, by config) on a task of prompts with verifiable rewa
 One step: sample P prompts, G completions each (the jitted KV-cache sampler),
 score them with the configured rewards, turn the [P, G] rewards (or the
 [P, G, M] reward components, for a component estimator such as GDPO) into
-advantages with a registered estimator, then run `epochs` passes of
+advantages with a registered estimator (in an environment run, optionally
+per turn: `turn_credit`), then run `epochs` passes of
 `minibatches` optimizer updates of the policy objective (`objective.py`: a
 registered policy loss, token control, KL to the frozen initial policy with a
 fixed or controlled coefficient, entropy bonus), all in one jitted `lax.scan`.
@@ -30,9 +31,9 @@ import numpy as np
 import optax
 
 from experiments import common
+from jaxrl_agents import credit, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
-from jaxrl_agents import registry, rl_loop, types
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import transformer
@@ -51,7 +52,7 @@ class GRPOState(NamedTuple):
 
 class GRPOBatch(NamedTuple):
   traj: types.Trajectory
-  advantages: jax.Array  # f32[B]
+  advantages: jax.Array  # f32[B] per episode, or f32[B, T] per token (turn-level credit)
   old_logp: jax.Array  # f32[B, T] log-probs under the sampling policy (recomputed)
   ref_logp: jax.Array  # f32[B, T] under the reference (zeros without a sampled-token KL)
   correct: jax.Array  # f32[B] the grader's verdicts (an accuracy-conditioned KL reads them)
@@ -74,6 +75,9 @@ class GRPOSettings:
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
+    turn_credit: how an episode's advantage reaches its turns (TURN_CREDITS).
+    turn_gamma: the discount per turn of turn-level returns (and of shaping).
+    step_weight: GiGPO's weight of the step-group advantage.
   """
 
   objective: objective_lib.PolicyObjective
@@ -88,6 +92,9 @@ class GRPOSettings:
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
+  turn_credit: str = "episode"
+  turn_gamma: float = 1.0
+  step_weight: float = 1.0
 
   @property
   def on_policy(self) -> bool:
@@ -115,6 +122,18 @@ KL_CONTROLLERS = {
                  kl_control.accuracy_conditioned_kl_controller(beta_min, kl_coef, shape),
                  ("beta_min", "shape")),
 }
+
+
+# How the advantage of a multi-turn episode reaches its tokens (config.turn_credit.name):
+#   episode: every token of an episode gets its episode's advantage (the registered
+#     group estimator over returns).
+#   turn: IGPO's dense form ("Information Gain-based Policy Optimization"): the turn
+#     rewards are standardized over the valid turns of the group, then each turn gets
+#     its discounted return-to-go of them.
+#   gigpo: "Group-in-Group Policy Optimization": the episode advantage plus step_weight
+#     times the step-group advantage (turns taken from the same environment state,
+#     compared by discounted return; the environment must have `state_key`).
+TURN_CREDITS = ("episode", "turn", "gigpo")
 
 
 def make_kl_controller(s: GRPOSettings) -> kl_control.KLController:
@@ -150,10 +169,31 @@ def settings_from_config(config) -> GRPOSettings:
       prompts_per_step=config.prompts_per_step, group_size=config.group_size,
       epochs=config.epochs, minibatches=config.minibatches,
       share_prompt=config.get("share_prompt", False),
-      kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef))
+      kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
+      **_turn_credit_settings(config))
   if settings.objective.kl_on:
     make_kl_controller(settings)  # its own checks (e.g. adaptive's target > 0)
   return settings
+
+
+def _turn_credit_settings(config) -> dict:
+  tc = config.get("turn_credit", None)
+  if tc is None:
+    return {}
+  if tc.name not in TURN_CREDITS:
+    raise ValueError(f"turn_credit.name must be one of {TURN_CREDITS}, got {tc.name!r}")
+  if not 0 < tc.gamma <= 1:
+    raise ValueError(f"turn_credit.gamma must be in (0, 1], got {tc.gamma}")
+  if not tc.step_weight >= 0:
+    raise ValueError(f"turn_credit.step_weight must be >= 0, got {tc.step_weight}")
+  if tc.name != "episode" and not config.get("env"):
+    raise ValueError(f"turn_credit {tc.name!r} assigns credit to the turns of an environment's "
+                     "episodes; set config.env (a single-turn run has one turn)")
+  if tc.name == "turn" and config.advantage != "grpo":
+    raise ValueError(f"turn_credit 'turn' standardizes turn rewards within each group itself; "
+                     f"it does not use advantage {config.advantage!r}: set advantage='grpo'")
+  return dict(turn_credit=tc.name, turn_gamma=float(tc.gamma),
+              step_weight=float(tc.step_weight))
 
 
 def kept_groups(rewards: np.ndarray, keep: int) -> np.ndarray:
@@ -209,7 +249,28 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
   else:
     advantages = registry.get("group_advantage", s.advantage)(jnp.asarray(totals[kept]),
                                                               **kwargs)
-  return traj, advantages.reshape(-1), np.asarray(r.correct, np.float32)[rows]
+  advantages = advantages.reshape(-1)
+  if s.turn_credit != "episode":
+    keys = None if r.turn_keys is None else jnp.asarray(np.asarray(r.turn_keys)[rows])
+    advantages = turn_advantages(s, traj, advantages, keys)
+  return traj, advantages, np.asarray(r.correct, np.float32)[rows]
+
+
+def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Array,
+                    turn_keys: jax.Array | None) -> jax.Array:
+  """f32[B, T] token advantages of multi-turn episodes by `s.turn_credit` (TURN_CREDITS)."""
+  tm, g = traj.turn_mask, s.group_size
+  if s.turn_credit == "turn":
+    normalized = credit.normalize_turn_rewards(traj.turn_rewards, tm, scope="group",
+                                               group_size=g)
+    per_turn = credit.turn_returns(normalized, tm, gamma=s.turn_gamma)
+    return credit.broadcast_turn_values(per_turn, traj.turn_id, traj.policy_mask, tm)
+  if turn_keys is None:
+    raise ValueError("turn_credit 'gigpo' needs the state of every turn: the rollout has none")
+  returns = credit.turn_returns(traj.turn_rewards, tm, gamma=s.turn_gamma)
+  step = credit.step_group_advantages(returns, turn_keys, tm, group_size=g)
+  return credit.combine_outcome_and_step_advantages(episode_adv, step, s.step_weight,
+                                                    turn_id=traj.turn_id, mask=traj.policy_mask)
 
 
 def grpo_loss(params, batch: GRPOBatch, *, cfg: transformer.TransformerConfig, s: GRPOSettings,

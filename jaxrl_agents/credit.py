@@ -184,6 +184,92 @@ def turn_rewards_to_token_advantages(
   return broadcast_turn_values(adv, turn_id, mask, tm)
 
 
+def turn_returns(
+  turn_rewards: jax.Array, turn_mask: jax.Array | None = None, *, gamma: float = 1.0
+) -> jax.Array:
+  """Discounted return-to-go of each turn: G_k = sum_{j >= k, j valid} gamma^(j - k) r_j.
+
+  Invalid turns contribute no reward and get 0 themselves (the discount still
+  counts turn indices, so with a prefix mask this is the textbook return).
+
+  Args:
+    turn_rewards: f32[B, K].
+    turn_mask: bool[B, K] or None (all turns exist).
+    gamma: discount per turn.
+
+  Returns:
+    f32[B, K].
+  """
+  tm = _check_turns(turn_rewards, turn_mask, "turn_rewards")
+  r = jnp.where(tm, turn_rewards, 0.0)
+
+  def back(later, r_k):
+    g = r_k + gamma * later
+    return g, g
+
+  _, returns = jax.lax.scan(back, jnp.zeros(r.shape[:1], r.dtype), r.T, reverse=True)
+  return jnp.where(tm, returns.T, 0.0)
+
+
+def step_group_advantages(
+  returns: jax.Array,
+  state_keys: jax.Array,
+  turn_mask: jax.Array | None = None,
+  *,
+  group_size: int,
+  std_normalize: bool = True,
+  eps: float = 1e-6,
+) -> jax.Array:
+  """GiGPO's step-level advantages: turns from the same state are compared with each other.
+
+  "Group-in-Group Policy Optimization for LLM Agent Training" (GiGPO) finds,
+  among the G episodes of one task, the turns taken from the same environment
+  state (an anchor state) and forms a step group of them; a turn's step
+  advantage is its return relative to its step group's:
+
+    A_{b,k} = (R_{b,k} - mean_S R) / (std_S R + eps),
+    S = {(b', k') in the group of b : key_{b',k'} = key_{b,k}, turn k' of b' valid},
+
+  with the population standard deviation (`std_normalize=False` only centres).
+  A turn alone in its step group, an invalid turn and a turn with a negative
+  key (no state identity) get 0. The paper adds these to the episode-level
+  GRPO advantage with a weight (`combine_outcome_and_step_advantages`).
+
+  Args:
+    returns: f32[B, K], e.g. `turn_returns` (discounted, the paper's choice).
+    state_keys: int32[B, K] the state each turn was taken from (equal keys are
+      the same state; compared within a group only).
+    turn_mask: bool[B, K] or None.
+    group_size: G; B must be a multiple of it (rows prompt-major).
+    std_normalize: divide by the step group's standard deviation.
+    eps: added to the standard deviation.
+
+  Returns:
+    f32[B, K].
+  """
+  tm = _check_turns(returns, turn_mask, "returns")
+  check_rank("state_keys", state_keys, 2)
+  check_same_shape([("returns", returns), ("state_keys", state_keys)])
+  b, k = returns.shape
+  if group_size < 1 or b % group_size:
+    raise ValueError(f"group_size must be a positive divisor of the batch size {b}, "
+                     f"got {group_size!r}")
+  n = group_size * k
+  r = returns.reshape(-1, n)
+  keys = state_keys.reshape(-1, n)
+  ok = (tm & (state_keys >= 0)).reshape(-1, n)
+  same = (keys[:, :, None] == keys[:, None, :]) & ok[:, :, None] & ok[:, None, :]
+  w = same.astype(r.dtype)
+  count = jnp.maximum(w.sum(-1), 1.0)
+  mean = (w * r[:, None, :]).sum(-1) / count
+  centred = jnp.where(ok, r - mean, 0.0)
+  if std_normalize:
+    var = (w * (r[:, None, :] - mean[:, :, None]) ** 2).sum(-1) / count
+    scale = jnp.sqrt(var) + eps
+    centred = centred / jnp.where(scale > 0, scale, 1.0)  # a lone turn: 0 / 0 -> 0
+  return centred.reshape(b, k)
+
+
 def potential_based_shaping(
   rewards: jax.Array,
   potentials: jax.Array,

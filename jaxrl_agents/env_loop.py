@@ -17,9 +17,10 @@ reached turn k; the analysis notebook's heatmaps read `turn<k>/...`).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import envs, rl_loop
+from jaxrl_agents import credit, envs, rl_loop
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import host_loop, multiturn
 
@@ -69,9 +70,14 @@ def episode_details(tok, traj) -> list[dict]:
 
 def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int = 1,
                failed: np.ndarray | None = None, details_traj=None,
-               failures: list | None = None) -> rl_loop.Rollout:
+               failures: list | None = None, shaping_gamma: float | None = None
+               ) -> rl_loop.Rollout:
   """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag;
   `labels` names each row's task (samples.jsonl's "answer").
+
+  With `shaping_gamma`, the turn rewards the update reads are potential-shaped
+  (`shape_turn_rewards`) and the rewards are their sum; the "return" component
+  stays the environment's own.
 
   Rows an environment failure ended (`failed`) are out of the loss already; their
   reward becomes the mean of their group's other returns, so that they move
@@ -81,6 +87,9 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   traj = eps.traj
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   lp = traj.prompt_width
+  returns = np.asarray(traj.rewards, np.float32)
+  if shaping_gamma is not None:
+    traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
   rewards = np.asarray(traj.rewards, np.float32)
   if failed is not None and failed.any():
     rewards = _neutral_failed(rewards, failed, group_size)
@@ -91,10 +100,27 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
       traj=traj, examples=[{"answer": label} for label in labels],
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
-      rewards=rewards, components={"return": rewards}, correct=correct,
+      rewards=rewards, components={"return": returns} if shaping_gamma is None
+      else {"return": returns, "shaped_return": rewards}, correct=correct,
+      turn_keys=np.asarray(eps.turn_keys),
       details=[{**d, "failure": f} for d, f in zip(
           episode_details(tok, traj if details_traj is None else details_traj),
           failures or [None] * rewards.shape[0], strict=True)])
+
+
+def shape_turn_rewards(eps: multiturn.Episodes, gamma: float) -> jax.Array:
+  """Potential-based shaping of the turn rewards: r_k + gamma phi(s_{k+1}) - phi(s_k).
+
+  phi is the environment's `potential` of the state each turn starts from; the
+  state after the last turn is terminal (phi = 0), so with gamma = 1 a shaped
+  return is the return minus phi(s_0), which the G episodes of a task share:
+  the shaping moves turn-level credit only, never the episode's advantage
+  ("Policy invariance under reward transformations", Ng, Harada and Russell).
+  """
+  phi = eps.turn_potentials
+  after = jnp.concatenate([phi, jnp.zeros_like(phi[:, :1])], axis=1)  # not live: 0
+  return credit.potential_based_shaping(eps.traj.turn_rewards, after, gamma,
+                                        eps.traj.turn_mask)
 
 
 def _neutral_failed(rewards: np.ndarray, failed: np.ndarray, group_size: int) -> np.ndarray:
@@ -146,6 +172,7 @@ def make(config, model: zoo.Model):
   """(collect, evaluate, data) for `rl_loop.run` from config.env, env_kwargs, max_turns."""
   tok = model.tokenizer
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
+  shaping = _check_credit(config, env)
   if getattr(env, "host", False):
     return _make_host(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None)
@@ -160,7 +187,8 @@ def make(config, model: zoo.Model):
     tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
     eps = multiturn.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
                             group_size=config.group_size, num_turns=turns)
-    return to_rollout(tok, eps, _labels(tasks, config.group_size)), episode_metrics(eps)
+    return to_rollout(tok, eps, _labels(tasks, config.group_size), shaping_gamma=shaping), \
+        episode_metrics(eps)
 
   eval_tasks = sample_tasks(jax.random.split(jax.random.key(EVAL_TASKS_KEY), config.eval_size))
 
@@ -181,6 +209,20 @@ def make(config, model: zoo.Model):
     return _weighted(records), samples
 
   return collect, evaluate, NoData()
+
+
+def _check_credit(config, env) -> float | None:
+  """Refuses turn-level credit the environment cannot serve; the shaping discount or None."""
+  tc = config.get("turn_credit", None)
+  if tc is not None and tc.name == "gigpo" and not hasattr(env, "state_key"):
+    raise ValueError(f"turn_credit 'gigpo' groups turns by environment state; {config.env!r} "
+                     "has no state_key")
+  if not config.get("potential_shaping", False):
+    return None
+  if not hasattr(env, "potential"):
+    raise ValueError(f"potential_shaping needs the environment's potential; {config.env!r} "
+                     "has none")
+  return float(tc.gamma) if tc is not None else 1.0
 
 
 def _make_host(config, model: zoo.Model, env):

@@ -110,7 +110,9 @@ RESUMABLE_CHANGES = frozenset({
 
 # Keys added to the configs after runs existed, and the value that reproduces
 # those runs: a checkpoint whose config lacks one resumes under that value.
-BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": ""}
+BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
+                     "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0,
+                     "potential_shaping": False}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",

@@ -63,6 +63,8 @@ class Rollout:
     prompts_truncated: prompts shortened to fit the context (config.prompt_overflow).
     details: optional per-episode fields for samples.jsonl (a multi-turn episode's
       turns, token ids and masks).
+    turn_keys: optional int32[B, K], the environment state each turn was taken
+      from (-1: none), for turn-level credit.
   """
 
   traj: types.Trajectory
@@ -74,6 +76,7 @@ class Rollout:
   correct: np.ndarray
   prompts_truncated: int = 0
   details: list[dict] | None = None
+  turn_keys: np.ndarray | None = None
 
 
 class RewardFn(Protocol):

@@ -121,6 +121,72 @@ def test_turn_level_shape_errors_name_the_argument():
 # --- Potential-based shaping -------------------------------------------------------------
 
 
+# --- Turn returns and GiGPO step groups ---------------------------------------------------
+
+
+def test_turn_returns_hand_values():
+  r = jnp.array([[1.0, 0.0, 2.0], [0.5, 3.0, 7.0]])
+  tm = jnp.array([[True, True, True], [True, True, False]])
+  out = credit.turn_returns(r, tm, gamma=0.5)
+  # row 0: G2 = 2, G1 = 0 + 0.5 * 2 = 1, G0 = 1 + 0.5 * 1 = 1.5
+  # row 1 (turn 2 invalid): G1 = 3, G0 = 0.5 + 1.5 = 2
+  np.testing.assert_allclose(_np(out), [[1.5, 1.0, 2.0], [2.0, 3.0, 0.0]], rtol=1e-6)
+  # gamma = 1: the first turn's return is the episode's return.
+  full = credit.turn_returns(r, tm, gamma=1.0)
+  np.testing.assert_allclose(_np(full[:, 0]), _np(jnp.where(tm, r, 0).sum(1)), rtol=1e-6)
+
+
+def test_step_group_advantages_hand_values():
+  # One group of G = 3 episodes, K = 2 turns. Keys: every turn 0 is state 7;
+  # turn 1 of episodes 0 and 1 is state 4, of episode 2 state 5 (alone).
+  returns = jnp.array([[1.0, 1.0], [0.0, 0.0], [0.5, 2.0]])
+  keys = jnp.array([[7, 4], [7, 4], [7, 5]], jnp.int32)
+  out = credit.step_group_advantages(returns, keys, group_size=3, std_normalize=False)
+  # state 7: mean 0.5 -> 0.5, -0.5, 0; state 4: mean 0.5 -> 0.5, -0.5; state 5 alone -> 0
+  np.testing.assert_allclose(_np(out), [[0.5, 0.5], [-0.5, -0.5], [0.0, 0.0]], atol=1e-6)
+  normed = credit.step_group_advantages(returns, keys, group_size=3, eps=0.0)
+  # state 7: std sqrt(1/6) = 0.4082483; state 4: std 0.5
+  np.testing.assert_allclose(_np(normed), [[1.2247449, 1.0], [-1.2247449, -1.0], [0.0, 0.0]],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_step_groups_stay_inside_their_group_and_skip_invalid_turns():
+  # Two groups of G = 2 share key 3; only turns of the same group are compared.
+  returns = jnp.array([[1.0, 9.0], [3.0, 9.0], [10.0, 9.0], [20.0, 9.0]])
+  keys = jnp.array([[3, 1], [3, -1], [3, 1], [3, 1]], jnp.int32)
+  tm = jnp.array([[True, True], [True, True], [True, False], [True, True]])
+  out = credit.step_group_advantages(returns, keys, tm, group_size=2, std_normalize=False)
+  # group 0: key 3 -> mean 2; key 1 has one keyed turn (row 1's key is -1) -> 0
+  # group 1: key 3 -> mean 15; key 1: row 2's turn is invalid -> row 3 alone -> 0
+  np.testing.assert_allclose(_np(out), [[-1.0, 0.0], [1.0, 0.0], [-5.0, 0.0], [5.0, 0.0]],
+                             atol=1e-6)
+
+
+def test_step_group_advantages_match_a_loop_reference():
+  rng = np.random.default_rng(0)
+  p, g, k = 3, 4, 5
+  returns = rng.normal(size=(p * g, k)).astype(np.float32)
+  keys = rng.integers(-1, 4, size=(p * g, k)).astype(np.int32)
+  tm = rng.random((p * g, k)) < 0.8
+  out = _np(jax.jit(functools.partial(credit.step_group_advantages, group_size=g, eps=1e-6))(
+      jnp.asarray(returns), jnp.asarray(keys), jnp.asarray(tm)))
+  for b in range(p * g):
+    for t in range(k):
+      rows = range(b // g * g, b // g * g + g)
+      peers = [returns[i, j] for i in rows for j in range(k)
+               if tm[i, j] and keys[i, j] == keys[b, t] and keys[i, j] >= 0]
+      want = 0.0 if not (tm[b, t] and keys[b, t] >= 0) else \
+          (returns[b, t] - np.mean(peers)) / (np.std(peers) + 1e-6)
+      np.testing.assert_allclose(out[b, t], want, rtol=1e-4, atol=1e-5)
+
+
+def test_step_group_advantages_errors():
+  with pytest.raises(ValueError, match="state_keys"):
+    credit.step_group_advantages(jnp.zeros((4, 2)), jnp.zeros((4, 3), jnp.int32), group_size=2)
+  with pytest.raises(ValueError, match="group_size"):
+    credit.step_group_advantages(jnp.zeros((4, 2)), jnp.zeros((4, 2), jnp.int32), group_size=3)
+
+
 def test_pbrs_hand_values():
   rewards = jnp.array([[1.0, 0.0, 2.0]])
   phi = jnp.array([[0.5, 1.0, 0.0, 3.0]])

@@ -33,9 +33,9 @@ def _reference(model, env, template, tasks, rng, sampling, group_size, num_turns
   rows = [[int(t) for t, m in zip(prompt.ids[i // group_size], prompt.mask[i // group_size],
                                   strict=True)
            if m] for i in range(p * group_size)]
-  targets = [int(tasks[i // group_size]) for i in range(p * group_size)]
+  states = [env.reset(None, tasks[i // group_size])[0] for i in range(p * group_size)]
   done = [False] * len(rows)
-  replies, rewards = [], []
+  replies, rewards, keys = [], [], []
   step = jax.jit(env.step)
   stop = sampling.stop_tokens
   for k in range(num_turns):
@@ -46,6 +46,7 @@ def _reference(model, env, template, tasks, rng, sampling, group_size, num_turns
     out, _ = sampler_lib.decode(model.params, model.cfg, context, jax.random.fold_in(rng, k),
                                 sampling, active=~jnp.asarray(done))
     turn_replies, turn_rewards = [], []
+    keys.append([-1 if done[i] else int(env.state_key(states[i])) for i in range(len(rows))])
     for i in range(len(rows)):
       reply = [int(t) for t in np.asarray(out.tokens[i])[: int(out.lengths[i])]]
       turn_replies.append(reply if not done[i] else [])
@@ -54,7 +55,8 @@ def _reference(model, env, template, tasks, rng, sampling, group_size, num_turns
         continue
       rows[i] += reply
       action = base.Tokens(out.tokens[i], out.mask[i])
-      result = step(envs.guess_number.State(jnp.int32(targets[i])), action)
+      result = step(states[i], action)
+      states[i] = result.state
       turn_rewards.append(float(result.reward))
       done[i] = bool(result.done) or k == num_turns - 1
       if not done[i]:
@@ -65,7 +67,7 @@ def _reference(model, env, template, tasks, rng, sampling, group_size, num_turns
         rows[i] += to_user + obs + list(template.to_reply)
     replies.append(turn_replies)
     rewards.append(turn_rewards)
-  return rows, replies, np.asarray(rewards).T
+  return rows, replies, np.asarray(rewards).T, np.asarray(keys).T
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -78,7 +80,7 @@ def test_scanned_episodes_equal_a_python_loop_that_reprefills_the_history(tiny, 
   rng = jax.random.key(3)
   eps = multiturn.rollout(tiny.params, tiny.cfg, env, template, tasks, rng, sampling,
                           group_size=3, num_turns=3)
-  rows, replies, rewards = _reference(tiny, env, template, tasks, rng, sampling, 3, 3)
+  rows, replies, rewards, keys = _reference(tiny, env, template, tasks, rng, sampling, 3, 3)
   traj = eps.traj.check()
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   for i, row in enumerate(rows):
@@ -88,9 +90,28 @@ def test_scanned_episodes_equal_a_python_loop_that_reprefills_the_history(tiny, 
     for i, reply in enumerate(turn_replies):
       assert tokens[i][policy[i] & (turn_id[i] == k)].tolist() == reply
   np.testing.assert_array_equal(np.asarray(traj.turn_rewards), rewards)
+  # The state each turn was taken from, as the environment keys it (GiGPO's anchors).
+  np.testing.assert_array_equal(np.asarray(eps.turn_keys), keys)
   # Environment and template tokens are never policy tokens.
   assert (policy == (turn_id >= 0)).all()
   assert policy.sum() == sum(len(r) for turn in replies for r in turn)
+
+
+def test_guess_number_tracks_what_the_answers_rule_out(tiny):
+  env = envs.make("guess_number", tiny.tokenizer, low=1, high=16)
+  state, _ = env.reset(None, jnp.int32(11))
+  np.testing.assert_allclose(float(env.potential(state)), -1.0)  # 16 numbers: 4 bits missing
+  for guess, (low, high) in [("8", (9, 16)), ("14", (9, 13)), ("no idea", (9, 13)),
+                             ("2", (9, 13)), ("10", (11, 13)), ("12", (11, 11))]:
+    ids = tiny.tokenizer.encode(guess, add_special_tokens=False)
+    out = env.step(state, base.Tokens(jnp.asarray(ids + [0] * (16 - len(ids)), jnp.int32),
+                                      jnp.arange(16) < len(ids)))
+    state = out.state
+    assert (int(state.low), int(state.high)) == (low, high), guess
+    assert int(env.state_key(state)) == low * 17 + high
+  np.testing.assert_allclose(float(env.potential(state)), 0.0, atol=1e-7)  # one number left
+  right = jnp.asarray(tiny.tokenizer.encode("11", add_special_tokens=False))
+  assert float(env.step(state, base.Tokens(right, jnp.ones(right.shape, bool))).reward) == 1.0
 
 
 def test_logprobs_recomputed_on_the_trajectory_equal_the_sampling_ones(tiny):
@@ -146,7 +167,7 @@ def test_a_template_that_rewrites_earlier_turns_never_changes_the_sampled_tokens
   template = multiturn.turn_template(tok)
   eps = multiturn.rollout(tiny.params, tiny.cfg, env, template, jnp.asarray([1, 2]),
                           jax.random.key(1), _sampling(tok, 1.0, n=8), group_size=2, num_turns=3)
-  rows, _, _ = _reference(tiny, env, template, jnp.asarray([1, 2]), jax.random.key(1),
+  rows, _, _, _ = _reference(tiny, env, template, jnp.asarray([1, 2]), jax.random.key(1),
                           _sampling(tok, 1.0, n=8), 2, 3)
   traj = eps.traj
   for i, row in enumerate(rows):

@@ -27,6 +27,13 @@ def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, opti
   c.eval_size = 8 if tiny else 64
   c.eval_batch_size = 8 if tiny else 32
   c.temperature = 1.0
+  # How an episode's advantage reaches its turns (experiments/grpo.py TURN_CREDITS):
+  # "episode" (every token its episode's), "turn" (IGPO: standardized turn rewards'
+  # returns-to-go), "gigpo" (plus step_weight x the advantage among turns from the same
+  # state). gamma discounts turn returns and the shaping.
+  c.turn_credit = ml_collections.ConfigDict(dict(name="episode", gamma=1.0, step_weight=1.0))
+  # Add gamma phi(s') - phi(s) to each turn's reward (the environment's potential).
+  c.potential_shaping = False
   # The update computes vocabulary logits for every column after the prompt, the
   # environment's included (K x (reply + answer) columns): four minibatches keep
   # SmolLM2's update within a few GB (one batch of 32 calculator episodes asked

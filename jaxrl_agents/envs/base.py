@@ -19,6 +19,12 @@ control token.
 `info` is a dict of scalar arrays with the same keys on every step (e.g.
 "invalid", "success"); the rollout sums them per episode for the metrics.
 
+Two optional methods serve turn-level credit (`experiments/grpo.py`'s
+`turn_credit`, `potential_shaping`):
+
+  state_key(state) -> int32[]   equal keys are the same state (GiGPO's step groups)
+  potential(state) -> f32[]     a state's potential (potential-based shaping)
+
 A host environment (`HostEnv`: tools, databases, anything in Python) works on
 strings and is stepped by `rollout.host_loop` in a thread pool with a time limit:
 

@@ -26,6 +26,10 @@ HIGHER, LOWER, CORRECT, INVALID = range(4)
 
 class State(NamedTuple):
   target: jax.Array  # int32[]
+  # The numbers still possible given the answers so far (the agent's state of
+  # knowledge): what `state_key` and `potential` read.
+  low: jax.Array  # int32[]
+  high: jax.Array  # int32[]
 
 
 class GuessNumber:
@@ -49,13 +53,28 @@ class GuessNumber:
 
   def reset(self, key: jax.Array, task: jax.Array) -> tuple[State, base.Tokens]:
     del key  # the task decides everything
-    return State(target=jnp.asarray(task, jnp.int32)), base.row(self.prompt, 0)
+    return State(target=jnp.asarray(task, jnp.int32), low=jnp.int32(self.low),
+                 high=jnp.int32(self.high)), base.row(self.prompt, 0)
+
+  def state_key(self, state: State) -> jax.Array:
+    """The interval still possible: two turns from the same interval are the same state."""
+    return state.low * (self.high + 1) + state.high
+
+  def potential(self, state: State) -> jax.Array:
+    """-log2(numbers still possible) / log2(numbers in the range): -1 at the start, 0 when
+    one number is left (the bits of information still missing, as a fraction)."""
+    left = (state.high - state.low + 1).astype(jnp.float32)
+    return -jnp.log2(jnp.maximum(left, 1.0)) / jnp.log2(float(self.high - self.low + 1))
 
   def step(self, state: State, action: base.Tokens) -> base.EnvStep:
     guess, found = base.last_number(self.reader, action)
     correct = found & (guess == state.target)
     reply = jnp.where(~found, INVALID, jnp.where(correct, CORRECT,
                                                  jnp.where(guess < state.target, HIGHER, LOWER)))
+    higher, lower = found & (guess < state.target), found & (guess > state.target)
+    state = state._replace(
+        low=jnp.where(higher, jnp.maximum(state.low, guess + 1), state.low),
+        high=jnp.where(lower, jnp.minimum(state.high, guess - 1), state.high))
     return base.EnvStep(
         state=state, obs=base.row(self.replies, reply), reward=correct.astype(jnp.float32),
         done=correct, info={"invalid": (~found).astype(jnp.float32),

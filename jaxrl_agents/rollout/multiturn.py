@@ -83,11 +83,17 @@ class Episodes(NamedTuple):
     traj: the Trajectory (see the module docstring).
     info: per-episode sums of the environment's info entries, f32[B] each.
     turns: int32[B] turns each episode took.
+    turn_keys: int32[B, K] the state each turn was taken from (`env.state_key`;
+      -1 for a turn that did not happen or an environment without state keys).
+    turn_potentials: f32[B, K] the potential of that state (`env.potential`; 0
+      without one).
   """
 
   traj: types.Trajectory
   info: dict[str, jax.Array]
   turns: jax.Array
+  turn_keys: jax.Array
+  turn_potentials: jax.Array
 
 
 def _const(ids: tuple[int, ...], batch: int) -> base.Tokens:
@@ -169,6 +175,11 @@ def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTem
     raise ValueError(f"{type(env).__name__}.step returned observations of width "
                      f"{step.obs.ids.shape[-1]}, its obs_width is {env.obs_width}")
   live = ~carry.done
+  b = live.shape[0]
+  key = jax.vmap(env.state_key)(carry.states) if hasattr(env, "state_key") \
+      else jnp.full((b,), -1, jnp.int32)
+  potential = jax.vmap(env.potential)(carry.states) if hasattr(env, "potential") \
+      else jnp.zeros((b,), jnp.float32)
   states = jax.tree.map(lambda new, old: jnp.where(
       live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), step.state, carry.states)
   finished = carry.done | step.done | (k == num_turns - 1)
@@ -176,6 +187,8 @@ def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTem
   context = sampler_lib.extend(params, cfg, context, block.ids, block.mask)
   record = dict(reply=reply, logp=out.sampling_logprobs, block=block,
                 reward=jnp.where(live, step.reward, 0.0), live=live,
+                key=jnp.where(live, key, -1).astype(jnp.int32),
+                potential=jnp.where(live, potential, 0.0).astype(jnp.float32),
                 info={name: jnp.where(live, v, 0.0) for name, v in step.info.items()})
   return Carry(context, states, finished), record
 
@@ -185,7 +198,12 @@ def finish(prompt: base.Tokens, turns: dict, group_size: int) -> Episodes:
   traj = _trajectory(jnp.repeat(prompt.ids, group_size, 0),
                      jnp.repeat(prompt.mask, group_size, 0), turns)
   info = {k: v.sum(0) for k, v in turns["info"].items()}
-  return Episodes(traj=traj, info=info, turns=turns["live"].sum(0).astype(jnp.int32))
+  live = turns["live"].T
+  keys = jnp.where(live, turns["key"].T, -1) if "key" in turns \
+      else jnp.full(live.shape, -1, jnp.int32)  # turns never played hold zeros
+  potentials = turns["potential"].T if "potential" in turns else jnp.zeros(live.shape)
+  return Episodes(traj=traj, info=info, turns=live.sum(1).astype(jnp.int32),
+                  turn_keys=keys, turn_potentials=potentials.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "template", "sampling", "group_size",

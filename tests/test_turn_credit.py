@@ -1,0 +1,171 @@
+"""Turn-level credit in GRPO on real episodes: each credit rule against a loop over the turns,
+potential shaping's telescoping, and the config's refusals."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import grpo
+from experiments.configs import grpo_arithmetic, grpo_calculator, grpo_guess_number
+from jaxrl_agents import env_loop, envs
+from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+P, G, K = 2, 4, 3
+
+
+@pytest.fixture(scope="module")
+def played():
+  """Guess-the-number episodes of the tiny model (numbers 1-4) with several turns each."""
+  model = zoo.load("tiny")
+  tok = model.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=4)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=2, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  eps = multiturn.rollout(model.params, model.cfg, env, multiturn.turn_template(tok),
+                          jnp.asarray([2, 3], jnp.int32), jax.random.key(5), sampling,
+                          group_size=G, num_turns=K)
+  return tok, env, eps
+
+
+def _settings(name, gamma=1.0, step_weight=1.0):
+  config = grpo_guess_number.get_config("tiny")
+  config.prompts_per_step, config.group_size = P, G
+  config.turn_credit.name, config.turn_credit.gamma = name, gamma
+  config.turn_credit.step_weight = step_weight
+  return grpo.settings_from_config(config)
+
+
+def _per_token(traj, per_turn: np.ndarray) -> np.ndarray:
+  """Each policy token gets its turn's value (a loop, not the library's gather)."""
+  turn_id, policy = np.asarray(traj.turn_id), np.asarray(traj.policy_mask)
+  out = np.zeros(turn_id.shape, np.float32)
+  for b, t in zip(*np.nonzero(policy), strict=True):
+    out[b, t] = per_turn[b, turn_id[b, t]]
+  return out
+
+
+def _returns(rewards, mask, gamma):
+  out = np.zeros_like(rewards)
+  for b in range(rewards.shape[0]):
+    later = 0.0
+    for k in reversed(range(rewards.shape[1])):
+      later = (rewards[b, k] if mask[b, k] else 0.0) + gamma * later
+      out[b, k] = later if mask[b, k] else 0.0
+  return out
+
+
+def test_the_played_episodes_have_turns_to_credit(played):
+  _, _, eps = played
+  live = np.asarray(eps.traj.turn_mask)
+  assert live.sum() > live.shape[0]  # some episode went past its first turn
+  keys = np.asarray(eps.turn_keys)
+  assert (keys[:, 0] == 1 * 5 + 4).all() and (keys[~live] == -1).all()
+
+
+def test_episode_credit_is_the_group_advantage_unchanged(played):
+  tok, _, eps = played
+  r = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
+  _, adv, _ = grpo.group_advantages(_settings("episode"), r)
+  assert adv.shape == (P * G,)
+
+
+def test_turn_credit_is_returns_to_go_of_group_standardized_turn_rewards(played):
+  tok, _, eps = played
+  r = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
+  traj, adv, _ = grpo.group_advantages(_settings("turn", gamma=0.5), r)
+  rewards, mask = np.asarray(traj.turn_rewards), np.asarray(traj.turn_mask)
+  normalized = np.zeros_like(rewards)
+  for p in range(P):
+    rows = slice(p * G, p * G + G)
+    valid = rewards[rows][mask[rows]]
+    normalized[rows] = np.where(mask[rows], (rewards[rows] - valid.mean()) /
+                                (valid.std() + 1e-6), 0.0)
+  want = _per_token(traj, _returns(normalized, mask, 0.5))
+  np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-5, atol=1e-5)
+  assert np.abs(want).sum() > 0
+
+
+def test_gigpo_adds_the_step_group_advantage_of_turns_from_one_state(played):
+  tok, _, eps = played
+  r = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
+  _, episode_adv, _ = grpo.group_advantages(_settings("episode"), r)
+  traj, adv, _ = grpo.group_advantages(_settings("gigpo", gamma=0.9, step_weight=0.5), r)
+  mask, keys = np.asarray(traj.turn_mask), np.asarray(eps.turn_keys)
+  returns = _returns(np.asarray(traj.turn_rewards), mask, 0.9)
+  step = np.zeros_like(returns)
+  for b in range(P * G):
+    group = range(b // G * G, b // G * G + G)
+    for k in range(K):
+      if not mask[b, k]:
+        continue
+      peers = [returns[i, j] for i in group for j in range(K)
+               if mask[i, j] and keys[i, j] == keys[b, k]]
+      step[b, k] = (returns[b, k] - np.mean(peers)) / (np.std(peers) + 1e-6)
+  policy = np.asarray(traj.policy_mask)
+  want = np.where(policy, np.asarray(episode_adv)[:, None] + 0.5 * _per_token(traj, step), 0.0)
+  np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-5, atol=1e-5)
+
+
+def test_potential_shaping_telescopes_and_leaves_episode_advantages_alone(played):
+  tok, env, eps = played
+  plain = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
+  shaped = env_loop.to_rollout(tok, eps, ["x"] * P * G, G, shaping_gamma=1.0)
+  # phi(s_0) = -1 (two bits missing of two), the terminal state's is 0: return + 1.
+  np.testing.assert_allclose(shaped.rewards, plain.rewards + 1.0, rtol=1e-6)
+  np.testing.assert_array_equal(shaped.components["return"], plain.rewards)
+  _, a_plain, _ = grpo.group_advantages(_settings("episode"), plain)
+  _, a_shaped, _ = grpo.group_advantages(_settings("episode"), shaped)
+  np.testing.assert_allclose(np.asarray(a_shaped), np.asarray(a_plain), atol=1e-5)
+  # Per turn: r_k + phi(s_{k+1}) - phi(s_k), by hand from the recorded potentials.
+  phi, live = np.asarray(eps.turn_potentials), np.asarray(eps.traj.turn_mask)
+  after = np.concatenate([phi[:, 1:], np.zeros((P * G, 1))], axis=1)
+  want = np.where(live, np.asarray(eps.traj.turn_rewards) + after - phi, 0.0)
+  np.testing.assert_allclose(np.asarray(shaped.traj.turn_rewards), want, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_tiny_gigpo_run_with_shaping_logs_both_returns(tmp_path):
+  config = grpo_guess_number.get_config("tiny")
+  config.steps, config.eval_every, config.checkpoint_every = 2, 2, 2
+  config.turn_credit.name, config.turn_credit.gamma = "gigpo", 0.9
+  config.potential_shaping = True
+  grpo.train(config, str(tmp_path), progress=False)
+  train = [r for r in metrics_lib.read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
+           if r["kind"] == "train"]
+  assert len(train) == 2
+  for r in train:
+    assert np.isfinite(r["loss"]), r
+    assert "reward/shaped_return_mean" in r and "reward/return_mean" in r, r
+
+
+def test_turn_credit_is_refused_where_it_cannot_apply():
+  single = grpo_arithmetic.get_config("tiny")
+  single.turn_credit = grpo_guess_number.get_config("tiny").turn_credit
+  single.turn_credit.name = "turn"
+  with pytest.raises(ValueError, match="single-turn"):
+    grpo.validate(single)
+  config = grpo_guess_number.get_config("tiny")
+  config.turn_credit.name = "gae"
+  with pytest.raises(ValueError, match="turn_credit.name must be one of"):
+    grpo.validate(config)
+  config.turn_credit.name, config.turn_credit.gamma = "turn", 0.0
+  with pytest.raises(ValueError, match="gamma"):
+    grpo.validate(config)
+  config.turn_credit.gamma, config.advantage = 1.0, "rloo"
+  with pytest.raises(ValueError, match="advantage='grpo'"):
+    grpo.validate(config)
+  tool = grpo_calculator.get_config("tiny")
+  tool.turn_credit.name = "gigpo"
+  with pytest.raises(ValueError, match="no state_key"):
+    env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+  tool.turn_credit.name, tool.potential_shaping = "episode", True
+  with pytest.raises(ValueError, match="potential"):
+    env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
