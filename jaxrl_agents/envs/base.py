@@ -197,3 +197,46 @@ def last_number(reader: NumberReader, action: Tokens) -> tuple[jax.Array, jax.Ar
   init = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.bool_(False))
   (current, in_number, last, found), _ = jax.lax.scan(scan, init, (value, digits, fresh, is_digit))
   return jnp.where(in_number, current, last), found | in_number
+
+
+class KeywordReader(NamedTuple):
+  """Token sequences of keywords, to find them in an action inside jit.
+
+  seqs: int32[V, M] the variants' token ids (padded with -1), lengths: int32[V],
+  word: int32[V] which keyword each variant spells.
+  """
+
+  seqs: jax.Array
+  lengths: jax.Array
+  word: jax.Array
+
+
+def keyword_reader(tokenizer, words: Sequence[str]) -> KeywordReader:
+  """The KeywordReader of `words` (lower case, as written, capitalized and upper case; with
+  and without a leading space), tokenized once on the host."""
+  variants = sorted({(i, tuple(tokenizer_lib.plain_ids(tokenizer, space + form)))
+                     for i, w in enumerate(words) for space in ("", " ")
+                     for form in (w, w.lower(), w.capitalize(), w.upper())})
+  width = max(len(ids) for _, ids in variants)
+  seqs = np.full((len(variants), width), -1, np.int32)
+  for v, (_, ids) in enumerate(variants):
+    seqs[v, :len(ids)] = ids
+  return KeywordReader(jnp.asarray(seqs), jnp.asarray([len(ids) for _, ids in variants]),
+                       jnp.asarray([i for i, _ in variants], jnp.int32))
+
+
+def last_keyword(reader: KeywordReader, action: Tokens) -> tuple[jax.Array, jax.Array]:
+  """(int32 index into the words, bool found) of the keyword that ends last in one action
+  row (the longest variant on a tie). A keyword inside a longer word counts too.
+  Linear in the row's width (times the variants' count and length)."""
+  t = action.ids.shape[-1]
+  m = reader.seqs.shape[1]
+  ids = jnp.concatenate([jnp.where(action.mask, action.ids, -2), jnp.full((m,), -2)])
+  windows = jnp.stack([ids[j:j + t] for j in range(m)], axis=1)  # [T, M]
+  wanted = jnp.arange(m)[None, :] < reader.lengths[:, None]  # [V, M]
+  same = (windows[None] == reader.seqs[:, None, :]) | ~wanted[:, None, :]  # [V, T, M]
+  matched = same.all(-1)
+  end = jnp.arange(t)[None, :] + reader.lengths[:, None]
+  score = jnp.where(matched, end * (m + 1) + reader.lengths[:, None], -1)
+  best = jnp.argmax(score.reshape(-1))
+  return reader.word[best // t], score.reshape(-1)[best] >= 0

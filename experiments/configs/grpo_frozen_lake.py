@@ -1,0 +1,34 @@
+r"""GRPO on FrozenLake, a text-grid game played inside `lax.scan`.
+
+Each turn the agent sees the map (X itself, G the goal, H holes, . ice) and
+answers left, down, right or up (jaxrl_agents/envs/frozen_lake.py). Reward 1
+on reaching the goal; a hole ends the episode. Every step draws
+`prompts_per_step` random 4x4 maps (each with a path) and plays `group_size`
+episodes of each; the held-out maps are fixed.
+
+  python -m experiments.grpo --config=experiments/configs/grpo_frozen_lake.py \
+      --workdir=runs/grpo_frozen_lake
+
+A shortest path takes 6 moves; the 8 turns allow two mistakes. GiGPO compares
+the moves made from the same square (turn_credit.name="gigpo", the default
+here), and the potential (minus the distance to the goal) shapes each move.
+Slippery ice: --config.env_kwargs.slippery=True.
+
+Variants: `:tiny` (the tiny random model, 2x2 maps without holes, 3 turns of
+5 tokens: a smoke test).
+"""
+
+import ml_collections
+
+from experiments.configs import env_common, grpo_arithmetic
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  c = env_common.set_env(
+      grpo_arithmetic.get_config(variant), variant, env="frozen_lake",
+      options=dict(size=4, hole_prob=0.2, slippery=False),
+      tiny_options=dict(size=2, hole_prob=0.0, slippery=False), max_turns=8,
+      tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=5)
+  c.turn_credit.name, c.turn_credit.gamma = "gigpo", 0.95
+  c.potential_shaping = True
+  return c

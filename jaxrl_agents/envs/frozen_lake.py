@@ -1,0 +1,140 @@
+"""FrozenLake as a text grid: walk from the top-left corner to the goal without falling in.
+
+Each turn the agent sees the map (X marks it, G the goal, H the holes, . ice)
+and answers with a move: left, down, right or up (the last one its reply
+names; `base.last_keyword`). On a slippery lake a move goes the intended way
+with probability 1/3 and to either side otherwise (Gymnasium's rule). Every
+task is a random map with a path from start to goal (`hole_prob` per cell),
+or Gymnasium's classic 4x4 map (`classic=True`). Pure JAX: the map is rendered
+from pieces tokenized when the environment is made.
+
+Reward 1 on reaching the goal; falling in a hole ends the episode with 0; a
+reply naming no move is an invalid action (counted in info["invalid"]) that
+costs a turn. The G episodes of one task share its random stream (common
+random numbers): on a slippery lake their returns differ by their moves.
+
+`state_key` is the position (GiGPO's anchor states); `potential` is minus
+the Manhattan distance to the goal over its largest value.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents import registry
+from jaxrl_agents.envs import base
+
+MOVES = ("left", "down", "right", "up")  # Gymnasium's action order
+_DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)
+ICE, HOLE, GOAL, AGENT = range(4)
+WENT, BUMPED, FELL, REACHED, INVALID = 0, 4, 5, 6, 7  # status pieces (WENT + move)
+CLASSIC = ("SFFF", "FHFH", "FFFH", "HFFG")  # Gymnasium's 4x4 map
+
+
+class State(NamedTuple):
+  holes: jax.Array  # bool[n, n]
+  pos: jax.Array  # int32[] row * n + column
+  key: jax.Array  # the slips' random stream
+
+
+def reachable(holes: jax.Array) -> jax.Array:
+  """Whether the bottom-right corner can be walked to from the top-left without a hole."""
+  n = holes.shape[0]
+  free = ~holes
+
+  def grow(_, seen):
+    pad = jnp.pad(seen, 1)
+    near = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
+    return seen | (near & free)
+
+  seen = jax.lax.fori_loop(0, n * n, grow, jnp.zeros((n, n), bool).at[0, 0].set(free[0, 0]))
+  return seen[n - 1, n - 1]
+
+
+class FrozenLake:
+  """The environment (see the module docstring): `size` x `size` maps."""
+
+  def __init__(self, tokenizer, *, size: int = 4, hole_prob: float = 0.2,
+               slippery: bool = False, classic: bool = False):
+    if not 2 <= size <= 8:
+      raise ValueError(f"frozen_lake size must be in [2, 8], got {size}")
+    if not 0 <= hole_prob < 1:
+      raise ValueError(f"frozen_lake hole_prob must be in [0, 1), got {hole_prob}")
+    if classic and size != 4:
+      raise ValueError(f"the classic map is 4x4; got size={size}")
+    self.size, self.hole_prob, self.slippery, self.classic = size, hole_prob, slippery, classic
+    lake = "slippery ice: a move may slide you sideways" if slippery else "ice"
+    self.intro = base.piece_table(tokenizer, [
+        f"You are X on a frozen lake. Reach G without stepping into a hole H; . is {lake}. "
+        "Answer with one move: left, down, right or up.\n"])
+    self.cells = base.piece_table(tokenizer, [" .", " H", " G", " X"])
+    self.newline = base.piece_table(tokenizer, ["\n"])
+    self.status = base.piece_table(tokenizer, [f"You went {m}.\n" for m in MOVES] + [
+        "You bumped into the edge.\n", "You fell into a hole.", "You reached the goal!",
+        "Answer with one move: left, down, right or up.\n"])
+    grid_width = size * (size * self.cells.ids.shape[-1] + self.newline.ids.shape[-1])
+    self.obs_width = self.status.ids.shape[-1] + grid_width
+    self.reader = base.keyword_reader(tokenizer, MOVES)
+
+  def sample_task(self, key: jax.Array) -> jax.Array:
+    """bool[n, n] holes: the first of 16 random maps with a path (an empty map if none has)."""
+    n = self.size
+    if self.classic:
+      return jnp.asarray([[c == "H" for c in line] for line in CLASSIC])
+    maps = jax.random.bernoulli(key, self.hole_prob, (16, n, n))
+    maps = maps.at[:, 0, 0].set(False).at[:, n - 1, n - 1].set(False)
+    ok = jax.vmap(reachable)(maps)
+    return jnp.where(ok.any(), maps[jnp.argmax(ok)], jnp.zeros((n, n), bool))
+
+  def _grid(self, holes: jax.Array, pos: jax.Array) -> base.Tokens:
+    n = self.size
+    kind = jnp.where(holes, HOLE, ICE).reshape(-1).at[n * n - 1].set(GOAL).at[pos].set(AGENT)
+    cells = base.row(self.cells, kind)  # [n*n, Wc]
+    line = lambda x: x.reshape(n, -1)
+    newline = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), self.newline)
+    rows = base.Tokens(*(jnp.concatenate([line(c), nl], axis=1)
+                         for c, nl in zip(cells, newline, strict=True)))
+    return base.Tokens(rows.ids.reshape(-1), rows.mask.reshape(-1))
+
+  def reset(self, key: jax.Array, task: jax.Array) -> tuple[State, base.Tokens]:
+    state = State(holes=jnp.asarray(task, bool), pos=jnp.int32(0), key=key)
+    return state, base.concat(base.row(self.intro, 0), self._grid(state.holes, state.pos))
+
+  def step(self, state: State, action: base.Tokens) -> base.EnvStep:
+    n = self.size
+    move, found = base.last_keyword(self.reader, action)
+    key, slip_key = jax.random.split(state.key)
+    if self.slippery:
+      move = (move + jax.random.randint(slip_key, (), -1, 2)) % 4
+    row, col = state.pos // n, state.pos % n
+    delta = jnp.asarray(_DELTAS)[move]
+    to_row, to_col = jnp.clip(row + delta[0], 0, n - 1), jnp.clip(col + delta[1], 0, n - 1)
+    pos = jnp.where(found, to_row * n + to_col, state.pos)
+    fell = found & state.holes.reshape(-1)[pos]
+    reached = found & (pos == n * n - 1)
+    status = jnp.where(~found, INVALID, jnp.where(
+        fell, FELL, jnp.where(reached, REACHED, jnp.where(pos == state.pos, BUMPED,
+                                                          WENT + move))))
+    obs = base.concat(base.row(self.status, status), self._grid(state.holes, pos))
+    return base.EnvStep(
+        state=State(state.holes, pos.astype(jnp.int32), key), obs=obs,
+        reward=reached.astype(jnp.float32), done=fell | reached,
+        info={"invalid": (~found).astype(jnp.float32), "success": reached.astype(jnp.float32),
+              "fell": fell.astype(jnp.float32)})
+
+  def state_key(self, state: State) -> jax.Array:
+    return state.pos
+
+  def potential(self, state: State) -> jax.Array:
+    n = self.size
+    distance = (n - 1 - state.pos // n) + (n - 1 - state.pos % n)
+    return -distance.astype(jnp.float32) / (2 * (n - 1))
+
+
+@registry.register("env", "frozen_lake")
+def make(tokenizer, **options) -> FrozenLake:
+  return FrozenLake(tokenizer, **options)

@@ -1,0 +1,152 @@
+"""FrozenLake: reading moves, the lake's rules by hand, slipping odds, maps, and the scan."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import grpo
+from experiments.configs import grpo_frozen_lake
+from jaxrl_agents import envs
+from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.envs import base, frozen_lake
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+WIDTH = 24
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2-135m-instruct"])
+def tok(request):
+  if request.param == "tiny":
+    return zoo.load("tiny").tokenizer
+  return request.getfixturevalue("smollm2").tokenizer
+
+
+def _action(tok, text):
+  ids = tokenizer_lib.plain_ids(tok, text)[:WIDTH]
+  return base.Tokens(jnp.asarray(ids + [0] * (WIDTH - len(ids)), jnp.int32),
+                     jnp.arange(WIDTH) < len(ids))
+
+
+@pytest.mark.parametrize("text, move", [
+    ("down", 1), ("I will go Right.", 2), ("left, no: UP", 3), ("Up then left", 0),
+    ("  down\n", 1), ("Move: right", 2)])
+def test_the_last_move_named_is_read(tok, text, move):
+  reader = base.keyword_reader(tok, frozen_lake.MOVES)
+  index, found = jax.jit(base.last_keyword)(reader, _action(tok, text))
+  assert bool(found) and int(index) == move, text
+
+
+@pytest.mark.parametrize("text", ["", "stay", "<|im_end|>", "1234", "l e f t"])
+def test_no_move_is_read_from_a_reply_without_one(tok, text):
+  reader = base.keyword_reader(tok, frozen_lake.MOVES)
+  _, found = base.last_keyword(reader, _action(tok, text))
+  assert not bool(found), text
+
+
+def _render(tok, obs):
+  return tok.decode(np.asarray(obs.ids)[np.asarray(obs.mask)].tolist())
+
+
+def test_the_classic_lake_by_hand(tok):
+  env = envs.make("frozen_lake", tok, classic=True)
+  step = jax.jit(env.step)
+  state, obs = env.reset(jax.random.key(0), env.sample_task(jax.random.key(0)))
+  assert _render(tok, obs).endswith(" X . . .\n . H . H\n . . . H\n H . . G\n")
+  # Up from the start bumps into the edge; then down, down, right, down, right, right.
+  path = [("up", 0, "You bumped into the edge."), ("down", 4, "You went down."),
+          ("down", 8, "You went down."), ("right", 9, "You went right."),
+          ("down", 13, "You went down."), ("right", 14, "You went right."),
+          ("right", 15, "You reached the goal!")]
+  for i, (move, pos, said) in enumerate(path):
+    out = step(state, _action(tok, move))
+    state = out.state
+    assert int(state.pos) == pos and _render(tok, out.obs).startswith(said), (move, pos)
+    assert int(env.state_key(state)) == pos
+    last = i == len(path) - 1
+    assert float(out.reward) == float(last) and bool(out.done) == last
+  np.testing.assert_allclose(float(env.potential(state)), 0.0)
+  # From the start, right then down lands in the hole at (1, 1): the episode ends with 0.
+  state, _ = env.reset(jax.random.key(0), env.sample_task(jax.random.key(0)))
+  np.testing.assert_allclose(float(env.potential(state)), -1.0)
+  state = step(state, _action(tok, "right")).state
+  out = step(state, _action(tok, "down"))
+  assert bool(out.done) and float(out.reward) == 0.0 and float(out.info["fell"]) == 1.0
+  assert _render(tok, out.obs).startswith("You fell into a hole.")
+  bad = step(state, _action(tok, "sideways"))
+  assert float(bad.info["invalid"]) == 1.0 and int(bad.state.pos) == int(state.pos)
+  assert not bool(bad.done)
+
+
+def test_slippery_moves_go_the_intended_way_a_third_of_the_time(tok):
+  env = envs.make("frozen_lake", tok, size=4, hole_prob=0.0, slippery=True)
+  state, _ = env.reset(jax.random.key(0), jnp.zeros((4, 4), bool))
+  state = state._replace(pos=jnp.int32(5))  # (1, 1): every move lands somewhere new
+  keys = jax.random.split(jax.random.key(1), 3000)
+  action = _action(tok, "down")
+  pos = jax.vmap(lambda k: env.step(state._replace(key=k), action).state.pos)(keys)
+  counts = {int(p): int(c) for p, c in zip(*np.unique(np.asarray(pos), return_counts=True),
+                                           strict=True)}
+  # down -> (2, 1) = 9; sideways: left (1, 0) = 4, right (1, 2) = 6; never up (1).
+  assert set(counts) == {4, 6, 9}, counts
+  for p in (4, 6, 9):  # 1000 expected each; 5 standard deviations is about 130
+    assert abs(counts[p] - 1000) < 130, counts
+
+
+def test_sampled_maps_have_a_path_and_free_corners(tok):
+  env = envs.make("frozen_lake", tok, size=5, hole_prob=0.3)
+  maps = np.asarray(jax.vmap(env.sample_task)(jax.random.split(jax.random.key(2), 200)))
+  assert not maps[:, 0, 0].any() and not maps[:, -1, -1].any()
+  assert 0.15 < maps.mean() < 0.35  # holes are drawn, and some maps are rejected
+  assert all(bool(frozen_lake.reachable(jnp.asarray(m))) for m in maps)
+  wall = np.zeros((3, 3), bool)
+  wall[1, :] = True
+  assert not bool(frozen_lake.reachable(jnp.asarray(wall)))
+  wall[1, 2] = False
+  assert bool(frozen_lake.reachable(jnp.asarray(wall)))
+
+
+def test_bad_options_are_refused(tok):
+  with pytest.raises(ValueError, match="size"):
+    envs.make("frozen_lake", tok, size=1)
+  with pytest.raises(ValueError, match="hole_prob"):
+    envs.make("frozen_lake", tok, hole_prob=1.0)
+  with pytest.raises(ValueError, match="classic map is 4x4"):
+    envs.make("frozen_lake", tok, size=5, classic=True)
+
+
+def test_episodes_in_the_scan_equal_those_driven_turn_by_turn():
+  model = zoo.load("tiny")
+  tok = model.tokenizer
+  env = envs.make("frozen_lake", tok, size=3, hole_prob=0.3, slippery=True)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=4, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  tasks = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(0), 2))
+  template = multiturn.turn_template(tok)
+  args = (model.params, model.cfg, env, template, tasks, jax.random.key(4), sampling)
+  a = multiturn.rollout(*args, group_size=2, num_turns=3)
+  b = multiturn.rollout_by_turn(*args, group_size=2, num_turns=3)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert (np.asarray(a.turn_keys)[:, 0] == 0).all()  # every episode starts at the corner
+
+
+@pytest.mark.slow
+def test_tiny_frozen_lake_run_writes_its_episodes(tmp_path):
+  config = grpo_frozen_lake.get_config("tiny")
+  config.steps, config.eval_every, config.checkpoint_every = 2, 2, 2
+  grpo.train(config, str(tmp_path), progress=False)
+  records = metrics_lib.read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
+  train = [r for r in records if r["kind"] == "train"]
+  assert len(train) == 2 and all(np.isfinite(r["loss"]) for r in train)
+  for key in ("fell", "invalid", "success", "episode_turns", "reward/shaped_return_mean"):
+    assert key in train[0], key
+  samples = metrics_lib.read_jsonl(os.path.join(str(tmp_path), "samples.jsonl"))
+  assert any(" X" in turn["env"] for s in samples if s["kind"] == "train"
+             for turn in s["turns"])
