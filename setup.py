@@ -33,6 +33,8 @@ setup(
         "matplotlib>=3.8,<4",
         "numpy>=1.26,<3",
         "jinja2>=3.1,<4",
+        # text_to_sql checks every query the model writes before sqlite sees it
+        "sqlglot>=30,<31",
     ],
     extras_require={
         "test": ["pytest>=8,<10", "ruff>=0.8,<0.18",

@@ -57,7 +57,8 @@ def test_the_classic_lake_by_hand(tok):
   env = envs.make("frozen_lake", tok, classic=True)
   step = jax.jit(env.step)
   state, obs = env.reset(jax.random.key(0), env.sample_task(jax.random.key(0)))
-  assert _render(tok, obs).endswith(" X . . .\n . H . H\n . . . H\n H . . G\n")
+  assert _render(tok, obs).endswith(" X . . .\n . H . H\n . . . H\n H . . G\nYour move? "
+                                    "Say left, down, right or up.")
   # Up from the start bumps into the edge; then down, down, right, down, right, right.
   path = [("up", 0, "You bumped into the edge."), ("down", 4, "You went down."),
           ("down", 8, "You went down."), ("right", 9, "You went right."),

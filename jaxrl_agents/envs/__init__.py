@@ -10,10 +10,11 @@ See `envs.base` for the protocol. Registered:
 | guess_number  | guesses a number in a range, told "higher" / "lower" each turn    |
 | frozen_lake   | walks a text-grid lake to the goal around holes (slippery or not) |
 | calculator    | (host) multiplies large numbers, with a calculator tool to call   |
+| text_to_sql   | (host) answers questions with SQL over a generated sqlite database |
 """
 
 from jaxrl_agents import registry
-from jaxrl_agents.envs import base, calculator, frozen_lake, guess_number
+from jaxrl_agents.envs import base, calculator, frozen_lake, guess_number, text_to_sql
 from jaxrl_agents.envs.base import Env, EnvStep, HostEnv, HostStep, Tokens
 
 
@@ -27,4 +28,4 @@ def names() -> list[str]:
 
 
 __all__ = ["Env", "EnvStep", "HostEnv", "HostStep", "Tokens", "base", "calculator",
-           "frozen_lake", "guess_number", "make", "names"]
+           "frozen_lake", "guess_number", "text_to_sql", "make", "names"]

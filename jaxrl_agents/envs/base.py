@@ -240,3 +240,16 @@ def last_keyword(reader: KeywordReader, action: Tokens) -> tuple[jax.Array, jax.
   score = jnp.where(matched, end * (m + 1) + reader.lengths[:, None], -1)
   best = jnp.argmax(score.reshape(-1))
   return reader.word[best // t], score.reshape(-1)[best] >= 0
+
+
+def last_between(text: str, opening: str, closing: str) -> str | None:
+  """The text inside the last complete `opening`...`closing` pair of `text`, else None.
+
+  Two `str.rfind` passes: linear in the text whatever it holds (unclosed or
+  nested tags included).
+  """
+  end = text.rfind(closing)
+  if end < 0:
+    return None
+  start = text.rfind(opening, 0, end)
+  return None if start < 0 else text[start + len(opening):end]

@@ -37,11 +37,7 @@ MAX_CALL_CHARS = 1000
 
 def tool_call(reply: str) -> str | None:
   """The text inside the reply's last complete <tool_call>...</tool_call>, else None."""
-  end = reply.rfind(CLOSE)
-  if end < 0:
-    return None
-  start = reply.rfind(OPEN, 0, end)
-  return None if start < 0 else reply[start + len(OPEN):end]
+  return base.last_between(reply, OPEN, CLOSE)
 
 
 def run_call(call: str) -> str:

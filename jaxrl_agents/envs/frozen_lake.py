@@ -67,17 +67,20 @@ class FrozenLake:
     if classic and size != 4:
       raise ValueError(f"the classic map is 4x4; got size={size}")
     self.size, self.hole_prob, self.slippery, self.classic = size, hole_prob, slippery, classic
-    lake = "slippery ice: a move may slide you sideways" if slippery else "ice"
+    # The wording was chosen by measurement: SmolLM2-135M-Instruct names a move in about
+    # 30% of its sampled replies to this layout (question after the map), 17% when the
+    # instruction comes first.
+    lake = "slippery ice (a move may slide you sideways)" if slippery else "ice"
     self.intro = base.piece_table(tokenizer, [
-        f"You are X on a frozen lake. Reach G without stepping into a hole H; . is {lake}. "
-        "Answer with one move: left, down, right or up.\n"])
+        f"Grid game. You are X; the goal is G (bottom right); H are holes; . is {lake}.\n"])
     self.cells = base.piece_table(tokenizer, [" .", " H", " G", " X"])
     self.newline = base.piece_table(tokenizer, ["\n"])
+    self.question = base.piece_table(tokenizer, ["Your move? Say left, down, right or up."])
     self.status = base.piece_table(tokenizer, [f"You went {m}.\n" for m in MOVES] + [
         "You bumped into the edge.\n", "You fell into a hole.", "You reached the goal!",
-        "Answer with one move: left, down, right or up.\n"])
+        "That is not a move.\n"])
     grid_width = size * (size * self.cells.ids.shape[-1] + self.newline.ids.shape[-1])
-    self.obs_width = self.status.ids.shape[-1] + grid_width
+    self.obs_width = self.status.ids.shape[-1] + grid_width + self.question.ids.shape[-1]
     self.reader = base.keyword_reader(tokenizer, MOVES)
 
   def sample_task(self, key: jax.Array) -> jax.Array:
@@ -102,7 +105,8 @@ class FrozenLake:
 
   def reset(self, key: jax.Array, task: jax.Array) -> tuple[State, base.Tokens]:
     state = State(holes=jnp.asarray(task, bool), pos=jnp.int32(0), key=key)
-    return state, base.concat(base.row(self.intro, 0), self._grid(state.holes, state.pos))
+    return state, base.concat(base.row(self.intro, 0), self._grid(state.holes, state.pos),
+                              base.row(self.question, 0))
 
   def step(self, state: State, action: base.Tokens) -> base.EnvStep:
     n = self.size
@@ -119,7 +123,8 @@ class FrozenLake:
     status = jnp.where(~found, INVALID, jnp.where(
         fell, FELL, jnp.where(reached, REACHED, jnp.where(pos == state.pos, BUMPED,
                                                           WENT + move))))
-    obs = base.concat(base.row(self.status, status), self._grid(state.holes, pos))
+    obs = base.concat(base.row(self.status, status), self._grid(state.holes, pos),
+                      base.row(self.question, 0))
     return base.EnvStep(
         state=State(state.holes, pos.astype(jnp.int32), key), obs=obs,
         reward=reached.astype(jnp.float32), done=fell | reached,

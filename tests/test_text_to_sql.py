@@ -1,0 +1,175 @@
+"""Text-to-SQL: the query check, the read-only sandbox's other layers, execution-match scoring,
+and hostile queries through the host loop (counted, never executed, no file changed)."""
+
+import hashlib
+import os
+import sqlite3
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_agents import envs
+from jaxrl_agents.envs import text_to_sql
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import host_loop
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+HOSTILE = [
+    "DROP TABLE employees",
+    "DELETE FROM employees",
+    "UPDATE employees SET salary = 0",
+    "INSERT INTO employees VALUES (99, 'x', 'x', 'x', 1, 1)",
+    "REPLACE INTO employees VALUES (1, 'x', 'x', 'x', 1, 1)",
+    "WITH a AS (SELECT 1) DELETE FROM employees",
+    "CREATE TABLE evil (x)",
+    "ATTACH DATABASE '{evil}' AS evil",
+    "DETACH DATABASE main",
+    "PRAGMA writable_schema = 1",
+    "VACUUM INTO '{evil}'",
+    "SELECT 1; DROP TABLE employees",
+    "SELECT name FROM employees; ATTACH '{evil}' AS e",
+    "BEGIN",
+]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT name FROM employees", "select count(*) from projects where budget > 1000",
+    "WITH a AS (SELECT id FROM employees) SELECT COUNT(*) FROM a",
+    "SELECT name FROM employees UNION SELECT title FROM projects",
+    "SELECT e.name FROM employees e JOIN projects p ON p.lead_id = e.id ORDER BY e.name"])
+def test_single_selects_pass_the_check(sql):
+  text_to_sql.check_select(sql)
+
+
+@pytest.mark.parametrize("sql", HOSTILE + ["SELECT * FROM", "", "SELECT 1 " + "+ 1 " * 600])
+def test_everything_else_is_refused_before_sqlite_sees_it(sql):
+  with pytest.raises(text_to_sql.SqlRefused):
+    text_to_sql.check_select(sql.format(evil="/tmp/evil.db"))
+
+
+def _digest(directory):
+  return {name: hashlib.sha256(open(os.path.join(directory, name), "rb").read()).hexdigest()
+          for name in sorted(os.listdir(directory))}
+
+
+@pytest.mark.parametrize("sql", [s for s in HOSTILE if ";" not in s] + [
+    "SELECT load_extension('/tmp/nothing')"])
+def test_the_connection_refuses_writes_even_without_the_check(sql, tmp_path, monkeypatch):
+  """Defence in depth: with the parser check switched off, the read-only connection and its
+  authorizer still refuse every statement that is not a plain read."""
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  before = _digest(env.dir)
+  evil = str(tmp_path / "evil.db")
+  monkeypatch.setattr(text_to_sql, "check_select", lambda sql: None)
+  with pytest.raises(sqlite3.Error):
+    text_to_sql.run_query(path, sql.format(evil=evil))
+  assert _digest(env.dir) == before and not os.path.exists(evil)
+
+
+def test_a_runaway_query_is_interrupted_at_its_time_limit():
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  start = time.monotonic()
+  with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+    text_to_sql.run_query(path, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"
+                          " SELECT COUNT(*) FROM c", time_limit_s=0.3)
+  assert time.monotonic() - start < 2.0
+
+
+def test_scoring_by_hand():
+  gold = [("Ada",), ("Bram",), ("Cleo",)]
+  assert text_to_sql.execution_match([("Cleo",), ("Ada",), ("Bram",)], gold, ordered=False)
+  assert not text_to_sql.execution_match([("Cleo",), ("Ada",), ("Bram",)], gold, ordered=True)
+  assert not text_to_sql.execution_match([("Ada",), ("Ada",), ("Bram",)], gold, ordered=False)
+  assert text_to_sql.execution_match([(1 / 3,)], [(0.3333333333,)], ordered=True)
+  # 2 of 4 predicted rows are among the 3 gold ones: precision 1/2, recall 2/3, F1 4/7.
+  f1 = text_to_sql.partial_match([("Ada",), ("Bram",), ("Dov",), ("Esme",)], gold)
+  np.testing.assert_allclose(f1, 4 / 7)
+  assert text_to_sql.partial_match([], []) == 1.0 and text_to_sql.partial_match([], gold) == 0.0
+
+
+def test_every_question_is_answered_by_its_gold_query_and_not_by_another():
+  env = envs.make("text_to_sql", None, databases=4)
+  rng = np.random.default_rng(0)
+  tasks = [env.sample_task(rng) for _ in range(40)]
+  assert len({t["gold"].split(" WHERE")[0] for t in tasks}) >= 5  # the templates vary
+  for task in tasks:
+    ep = env.episode(task)
+    assert "Question: " + task["question"] in ep.reset()
+    right = ep.step(f"Let me answer. <answer>{task['gold']}</answer>")
+    assert right.done and right.reward == 1.0 and right.info["partial_match"] == 1.0, task
+    _, rows = text_to_sql.run_query(ep.path, task["gold"])
+    assert rows and rows[0][0] is not None, task  # a question with an answer
+  wrong = env.episode(tasks[0]).step("<answer>SELECT name FROM employees</answer>")
+  assert wrong.done and wrong.reward == 0.0
+
+
+def test_databases_are_generated_from_their_seed_alone():
+  assert text_to_sql.generate_database(3) == text_to_sql.generate_database(3)
+  assert text_to_sql.generate_database(3) != text_to_sql.generate_database(4)
+  env = envs.make("text_to_sql", None, databases=2)
+  path, tables = env.database(1)
+  conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+  assert conn.execute("SELECT COUNT(*) FROM employees").fetchone()[0] == \
+      len(tables["employees"]) == 40
+  conn.close()
+  assert not os.access(path, os.W_OK) or os.geteuid() == 0  # written once, read-only
+
+
+def test_partial_reward_and_tool_turns():
+  env = envs.make("text_to_sql", None, databases=1, reward="partial")
+  task = {"db": 0, "question": "Names in Avalon?",
+          "gold": "SELECT name FROM employees WHERE city = 'Avalon'"}
+  ep = env.episode(task)
+  look = ep.step("<sql>SELECT name, city FROM employees</sql>")
+  assert not look.done and look.info["sql_call"] == 1.0
+  assert look.obs.startswith("name | city\n") and "only the first 10" in look.obs
+  assert ep.step("no tags").info["invalid"] == 1.0
+  everyone = ep.step("<answer>SELECT name FROM employees</answer>")
+  _, avalon = text_to_sql.run_query(ep.path, task["gold"])
+  np.testing.assert_allclose(everyone.reward, 2 * len(avalon) / (40 + len(avalon)))
+  with pytest.raises(ValueError, match="reward"):
+    envs.make("text_to_sql", None, reward="bleu")
+
+
+class Scripted:
+  """text_to_sql whose episodes ignore the model and send scripted replies, one per turn."""
+
+  host = True
+
+  def __init__(self, env, replies):
+    self.env, self.replies = env, replies
+
+  def episode(self, task):
+    inner, replies = self.env.episode(task), iter(self.replies)
+    outer = type("ScriptedEpisode", (), {})()
+    outer.reset = inner.reset
+    outer.step = lambda reply: inner.step(next(replies))
+    return outer
+
+
+def test_hostile_queries_through_the_host_loop_are_counted_and_change_nothing(tmp_path):
+  model = zoo.load("tiny")
+  tok = model.tokenizer
+  env = envs.make("text_to_sql", None, databases=1)
+  task = env.sample_task(np.random.default_rng(0))
+  evil = str(tmp_path / "evil.db")
+  hostile = [f"<sql>{s.format(evil=evil)}</sql>" for s in HOSTILE]
+  turns = len(hostile) + 1
+  scripted = Scripted(env, hostile + [f"<answer>{task['gold']}</answer>"])
+  before = _digest(env.dir)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=2, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  out = host_loop.rollout(model.params, model.cfg, tok, scripted, [task], jax.random.key(0),
+                          sampling, group_size=1, num_turns=turns, obs_tokens=32,
+                          step_timeout_s=10.0)
+  info = {k: float(np.asarray(v)[0]) for k, v in out.episodes.info.items()}
+  assert info["refused"] == len(HOSTILE) and info["sql_error"] == 0, info
+  assert info["success"] == 1.0 and float(out.episodes.traj.rewards[0]) == 1.0
+  assert not out.failed.any() and out.counters["env_errors"] == 0
+  assert _digest(env.dir) == before and not os.path.exists(evil)
