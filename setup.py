@@ -35,6 +35,8 @@ setup(
         "jinja2>=3.1,<4",
         # text_to_sql checks every query the model writes before sqlite sees it
         "sqlglot>=30,<31",
+        # search_qa's search tool
+        "bm25s>=0.2.10,<0.4",
     ],
     extras_require={
         "test": ["pytest>=8,<10", "ruff>=0.8,<0.18",
