@@ -12,6 +12,13 @@ for tool environments has). Both must produce the same episodes; the script
 checks it. Reported: episodes/s and environment steps/s (turns played) of the
 best of --repeats calls after a warm-up, compile time (the warm-up's excess)
 apart. The last line of output is one JSON object.
+
+The update's side: the loss and gradient of the policy's log-probabilities
+and entropies on --update-rows of those episodes, with vocabulary logits for
+the reply blocks only (the Trajectory's reply_spans, the default) and for
+every column after the prompt (what scoring did before), compile apart.
+--env frozen_lake plays FrozenLake (4x4 random maps), whose wide map
+observations make the difference larger.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import cpu_info
 from jaxrl_agents import envs
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import multiturn, scoring
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 
@@ -48,7 +55,8 @@ def timed(fn, repeats: int):
 def bench_model(name: str, args) -> dict:
   model = zoo.load(name)
   tok = model.tokenizer
-  env = envs.make("guess_number", tok, low=1, high=16)
+  env = envs.make("guess_number", tok, low=1, high=16) if args.env == "guess_number" \
+      else envs.make("frozen_lake", tok)
   template = multiturn.turn_template(tok)
   sampling = sampler_lib.SamplingConfig(max_new_tokens=args.reply_tokens, temperature=1.0,
                                         stop_tokens=tokenizer_lib.stop_token_ids(tok),
@@ -72,6 +80,28 @@ def bench_model(name: str, args) -> dict:
       jax.tree.leaves(results["scan"]), jax.tree.leaves(results["by_turn"]), strict=True))
   row["same_episodes"] = same
   row["scan_over_by_turn"] = round(row["by_turn"]["seconds"] / row["scan"]["seconds"], 2)
+  row["update"] = bench_update(name, model, results["scan"].traj, args)
+  return row
+
+
+def bench_update(name: str, model, traj, args) -> dict:
+  """Loss + gradient time with logits at the reply columns only against every column."""
+  traj = jax.tree.map(lambda x: x[:args.update_rows], traj)
+
+  def loss(params, traj):
+    logp, entropy = scoring.policy_logprobs(params, model.cfg, traj, with_entropy=True)
+    return jnp.sum(logp) + jnp.sum(jnp.where(traj.policy_mask, entropy, 0.0))
+
+  grad = jax.jit(jax.value_and_grad(loss))
+  row = {"rows": args.update_rows, "columns": int(traj.tokens.shape[1] - traj.prompt_width)}
+  for way, t in (("reply_columns", traj), ("every_column", traj.replace(reply_spans=()))):
+    compile_s, best, _ = timed(lambda t=t: grad(model.params, t), args.repeats)
+    row[way] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1),
+                "scored_columns": len(scoring.scored_columns(t))}
+    print(f"{name:24s} update {way:14s} {best:7.3f} s  ({len(scoring.scored_columns(t))} "
+          f"columns with logits; compile {compile_s:.1f} s)", flush=True)
+  row["reply_over_every"] = round(row["every_column"]["seconds"] /
+                                  row["reply_columns"]["seconds"], 2)
   return row
 
 
@@ -83,8 +113,10 @@ def main() -> None:
   ap.add_argument("--turns", type=int, default=5)
   ap.add_argument("--reply-tokens", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--env", default="guess_number", choices=("guess_number", "frozen_lake"))
+  ap.add_argument("--update-rows", type=int, default=8)
   args = ap.parse_args()
-  out = {"cpu": cpu_info.describe(), "batch": args.batch, "turns": args.turns,
+  out = {"cpu": cpu_info.describe(), "env": args.env, "batch": args.batch, "turns": args.turns,
          "reply_tokens": args.reply_tokens, "models": {}}
   for name in args.models.split(","):
     out["models"][name] = bench_model(name, args)

@@ -277,18 +277,19 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: transformer.TransformerConfig, s
               ref_params=None, beta=0.0):
   """The policy objective on one (mini)batch: (loss, metrics)."""
   hp = s.objective
-  traj, lp = batch.traj, batch.traj.prompt_width
+  traj = batch.traj
   mask = traj.policy_mask
   logits = scoring.policy_logits(params, cfg, traj, group_size=s.prompt_group)
-  logp, entropy = scoring.token_logprobs(logits, traj.tokens[:, lp:], mask[:, lp:],
+  logp, entropy = scoring.token_logprobs(logits, scoring.scored(traj, traj.tokens),
+                                         scoring.scored(traj, mask),
                                          temperature=hp.temperature, with_entropy=True)
-  logp, entropy = (scoring.prompt_columns_zero(x, lp) for x in (logp, entropy))
+  logp, entropy = (scoring.to_stream(x, traj) for x in (logp, entropy))
   kl_per_token = None
   if hp.needs_ref_logits:
     ref_logits = jax.lax.stop_gradient(
         scoring.policy_logits(ref_params, cfg, traj, group_size=s.prompt_group))
-    kl_per_token = scoring.prompt_columns_zero(kl_lib.forward_kl_from_logits(
-        logits / hp.temperature, ref_logits / hp.temperature), lp)
+    kl_per_token = scoring.to_stream(kl_lib.forward_kl_from_logits(
+        logits / hp.temperature, ref_logits / hp.temperature), traj)
   old_logp = jax.lax.stop_gradient(logp) if s.on_policy else batch.old_logp
   return objective_lib.policy_objective(hp, logp, entropy, old_logp, batch.advantages, mask,
                                         beta=beta, ref_logp=batch.ref_logp,

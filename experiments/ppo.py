@@ -102,17 +102,18 @@ def settings_from_config(config) -> PPOSettings:
 def forward(params, traj: types.Trajectory, *, cfg: transformer.TransformerConfig,
             s: PPOSettings, with_entropy: bool = False):
   """(logp f32[B, T], values f32[B, T], entropy f32[B, T] or None) at the policy tokens."""
-  lp, mask = traj.prompt_width, traj.policy_mask
+  mask = traj.policy_mask
   hidden = scoring.policy_hidden(params["policy"], cfg, traj, group_size=s.prompt_group)
   logits = transformer.lm_head(params["policy"], hidden, cfg)
-  logp, entropy = scoring.token_logprobs(logits, traj.tokens[:, lp:], mask[:, lp:],
+  logp, entropy = scoring.token_logprobs(logits, scoring.scored(traj, traj.tokens),
+                                         scoring.scored(traj, mask),
                                          temperature=s.objective.temperature,
                                          with_entropy=with_entropy)
   if params["critic"] is not None:
     hidden = scoring.policy_hidden(params["critic"], cfg, traj, group_size=s.prompt_group)
-  values = scoring.prompt_columns_zero(heads.apply_scalar_head(params["value_head"], hidden), lp)
-  return (scoring.prompt_columns_zero(logp, lp), jnp.where(mask, values, 0.0),
-          None if entropy is None else scoring.prompt_columns_zero(entropy, lp))
+  values = scoring.to_stream(heads.apply_scalar_head(params["value_head"], hidden), traj)
+  return (scoring.to_stream(logp, traj), jnp.where(mask, values, 0.0),
+          None if entropy is None else scoring.to_stream(entropy, traj))
 
 
 def gae_targets(s: PPOSettings, traj: types.Trajectory, old_logp, old_values, ref_logp

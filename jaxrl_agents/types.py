@@ -40,6 +40,10 @@ class Trajectory:
     turn_mask: bool[B, K] turns that happened.
     prompt_width: Lp, static (`pytree_node=False`: it is a shape, and slicing
       rows keeps it).
+    reply_spans: static (start column, width) of each turn's reply block when
+      the turns sit in fixed-width blocks (multi-turn); every policy token lies
+      in one, so scoring computes vocabulary logits for these columns only.
+      Empty: every column after the prompt may hold policy tokens.
   """
 
   tokens: jax.Array
@@ -50,6 +54,7 @@ class Trajectory:
   turn_rewards: jax.Array
   turn_mask: jax.Array
   prompt_width: int = struct.field(pytree_node=False, default=0)
+  reply_spans: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
 
   @property
   def rewards(self) -> jax.Array:
@@ -77,6 +82,12 @@ class Trajectory:
       raise ValueError("Trajectory.policy_mask marks prompt columns")
     if (policy & ~np.asarray(self.valid)).any():
       raise ValueError("Trajectory.policy_mask marks tokens that are not valid")
+    if self.reply_spans:
+      inside = np.zeros(t, bool)
+      for start, width in self.reply_spans:
+        inside[start:start + width] = True
+      if policy[:, ~inside].any():
+        raise ValueError("Trajectory.policy_mask marks tokens outside its reply_spans")
     return self
 
 

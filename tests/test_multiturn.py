@@ -97,6 +97,36 @@ def test_scanned_episodes_equal_a_python_loop_that_reprefills_the_history(tiny, 
   assert policy.sum() == sum(len(r) for turn in replies for r in turn)
 
 
+def test_scoring_only_the_reply_columns_changes_nothing(tiny):
+  """Logits for the reply blocks only (the Trajectory's reply_spans) give the same
+  log-probabilities, entropies and gradients as logits for every column after the prompt."""
+  tok = tiny.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=4)
+  eps = multiturn.rollout(tiny.params, tiny.cfg, env, multiturn.turn_template(tok),
+                          jnp.asarray([1, 4]), jax.random.key(2), _sampling(tok, 1.0),
+                          group_size=2, num_turns=3)
+  spans = eps.traj.check()
+  every = spans.replace(reply_spans=())
+  assert len(scoring.scored_columns(spans)) == 3 * 6 < len(scoring.scored_columns(every))
+  policy = np.asarray(spans.policy_mask)
+
+  def total(params, traj):
+    logp, entropy = scoring.policy_logprobs(params, tiny.cfg, traj, with_entropy=True,
+                                            group_size=2)
+    return jnp.sum(logp) + jnp.sum(jnp.where(traj.policy_mask, entropy, 0.0)), (logp, entropy)
+
+  (a, (logp_a, ent_a)), grad_a = jax.value_and_grad(total, has_aux=True)(tiny.params, spans)
+  (b, (logp_b, ent_b)), grad_b = jax.value_and_grad(total, has_aux=True)(tiny.params, every)
+  np.testing.assert_allclose(np.asarray(logp_a), np.asarray(logp_b), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ent_a)[policy], np.asarray(ent_b)[policy], atol=1e-5)
+  np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+  bad = spans.replace(reply_spans=spans.reply_spans[1:])
+  with pytest.raises(ValueError, match="outside its reply_spans"):
+    bad.check()
+
+
 def test_guess_number_tracks_what_the_answers_rule_out(tiny):
   env = envs.make("guess_number", tiny.tokenizer, low=1, high=16)
   state, _ = env.reset(None, jnp.int32(11))

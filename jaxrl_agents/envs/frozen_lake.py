@@ -78,9 +78,9 @@ class FrozenLake:
     self.question = base.piece_table(tokenizer, ["Your move? Say left, down, right or up."])
     self.status = base.piece_table(tokenizer, [f"You went {m}.\n" for m in MOVES] + [
         "You bumped into the edge.\n", "You fell into a hole.", "You reached the goal!",
-        "That is not a move.\n"])
+        "That is not a move: say left, down, right or up.\n"])
     grid_width = size * (size * self.cells.ids.shape[-1] + self.newline.ids.shape[-1])
-    self.obs_width = self.status.ids.shape[-1] + grid_width + self.question.ids.shape[-1]
+    self.obs_width = self.status.ids.shape[-1] + grid_width
     self.reader = base.keyword_reader(tokenizer, MOVES)
 
   def sample_task(self, key: jax.Array) -> jax.Array:
@@ -123,8 +123,9 @@ class FrozenLake:
     status = jnp.where(~found, INVALID, jnp.where(
         fell, FELL, jnp.where(reached, REACHED, jnp.where(pos == state.pos, BUMPED,
                                                           WENT + move))))
-    obs = base.concat(base.row(self.status, status), self._grid(state.holes, pos),
-                      base.row(self.question, 0))
+    # The question is asked once, in the first message: every column of the history
+    # goes through the model in each update, and the map is most of it.
+    obs = base.concat(base.row(self.status, status), self._grid(state.holes, pos))
     return base.EnvStep(
         state=State(state.holes, pos.astype(jnp.int32), key), obs=obs,
         reward=reached.astype(jnp.float32), done=fell | reached,

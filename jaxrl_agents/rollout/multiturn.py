@@ -242,6 +242,7 @@ def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
   the last turn's (never appended) env block dropped."""
   num_turns, b = turns["live"].shape
   ids, valid, policy, turn_id, logp = [prompt_ids], [prompt_mask], [], [], []
+  spans, column = [], prompt_ids.shape[1]
   policy.append(jnp.zeros_like(prompt_mask))
   turn_id.append(jnp.full(prompt_ids.shape, -1, jnp.int32))
   logp.append(jnp.zeros(prompt_ids.shape, jnp.float32))
@@ -249,6 +250,9 @@ def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
     reply, block = jax.tree.map(lambda x, k=k: x[k], (turns["reply"], turns["block"]))
     pieces = [(reply, True)] + ([(block, False)] if k < num_turns - 1 else [])
     for piece, is_reply in pieces:
+      if is_reply:
+        spans.append((column, piece.ids.shape[1]))
+      column += piece.ids.shape[1]
       ids.append(jnp.where(piece.mask, piece.ids, 0))  # unused columns hold 0, whatever ran
       valid.append(piece.mask)
       policy.append(piece.mask if is_reply else jnp.zeros_like(piece.mask))
@@ -259,7 +263,7 @@ def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
   return types.Trajectory(
       tokens=cat(ids), valid=cat(valid), policy_mask=cat(policy), turn_id=cat(turn_id),
       sampling_logprobs=cat(logp), turn_rewards=turns["reward"].T.astype(jnp.float32),
-      turn_mask=turns["live"].T, prompt_width=prompt_ids.shape[1])
+      turn_mask=turns["live"].T, prompt_width=prompt_ids.shape[1], reply_spans=tuple(spans))
 
 
 _start = jax.jit(start, static_argnames=("cfg", "env", "template", "sampling", "group_size",

@@ -7,16 +7,18 @@ into importance ratios.
 
 Layout (`types.Trajectory`): the prompt is left-padded to Lp columns; the
 N = T - Lp columns after it hold the turns. Each is predicted by the hidden
-state of the last valid column before it (`predictor_columns`), and
-vocabulary logits are computed only for those N columns. Results come back
-over all T columns, zeros on the prompt, so every array of the update lines
-up with the Trajectory's.
+state of the last valid column before it (`predictor_columns`). Vocabulary
+logits are computed only for the scored columns (`scored_columns`): the
+reply blocks of a multi-turn Trajectory (its `reply_spans`), else all N.
+Results come back over all T columns, zeros elsewhere (`to_stream`), so
+every array of the update lines up with the Trajectory's.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_agents.losses.entropy import softmax_terms
 from jaxrl_agents.models import transformer
@@ -36,9 +38,31 @@ def predictor_columns(valid: jax.Array, prompt_width: int) -> jax.Array:
   return last_valid[:, prompt_width - 1:t - 1]
 
 
+def scored_columns(traj: Trajectory) -> np.ndarray:
+  """int[C] (static): the columns whose tokens get logits, in order (see the module docstring)."""
+  if not traj.reply_spans:
+    return np.arange(traj.prompt_width, traj.tokens.shape[1])
+  return np.concatenate([np.arange(start, start + width) for start, width in traj.reply_spans])
+
+
+def scored(traj: Trajectory, x: jax.Array) -> jax.Array:
+  """[B, T, ...] -> [B, C, ...]: the scored columns of a stream-aligned array."""
+  if not traj.reply_spans:
+    return x[:, traj.prompt_width:]
+  return x[:, scored_columns(traj)]
+
+
+def to_stream(x: jax.Array, traj: Trajectory) -> jax.Array:
+  """f32[B, C] values of the scored columns -> f32[B, T], zeros on every other column."""
+  if not traj.reply_spans:
+    return jnp.pad(x, ((0, 0), (traj.prompt_width, 0)))
+  out = jnp.zeros(traj.tokens.shape, x.dtype)
+  return out.at[:, scored_columns(traj)].set(x)
+
+
 def policy_hidden(params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
                   group_size: int = 1) -> jax.Array:
-  """Final hidden states f[B, N, D] that predict each column after the prompt (N = T - Lp).
+  """Final hidden states f[B, C, D] that predict each scored column (`scored_columns`).
 
   With group_size G > 1, rows come in groups of G consecutive rows that share
   one prompt (the rollout's layout): each distinct prompt is run once, its
@@ -75,12 +99,9 @@ def policy_hidden(params, cfg: transformer.TransformerConfig, traj: Trajectory, 
           return_hidden=True, num_positions=t)
       hidden = jnp.concatenate([hidden, rest], axis=1)
   rows = predictor_columns(traj.valid, lp) - (lp - 1)
+  if traj.reply_spans:
+    rows = rows[:, scored_columns(traj) - lp]
   return jnp.take_along_axis(hidden, rows[..., None], axis=1)
-
-
-def prompt_columns_zero(x: jax.Array, prompt_width: int) -> jax.Array:
-  """f32[B, N] values of the columns after the prompt -> f32[B, T], zeros on the prompt."""
-  return jnp.pad(x, ((0, 0), (prompt_width, 0)))
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
@@ -112,7 +133,7 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
 
 def policy_logits(params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
                   group_size: int = 1) -> jax.Array:
-  """f32[B, N, V] logits predicting each column after the prompt (see `policy_hidden`)."""
+  """f32[B, C, V] logits predicting each scored column (see `policy_hidden`)."""
   return transformer.lm_head(params, policy_hidden(params, cfg, traj, group_size=group_size), cfg)
 
 
@@ -135,8 +156,7 @@ def policy_logprobs(
     prompt) or None).
   """
   logits = policy_logits(params, cfg, traj, group_size=group_size)
-  lp = traj.prompt_width
-  logp, entropy = token_logprobs(logits, traj.tokens[:, lp:], traj.policy_mask[:, lp:],
-                                 temperature=temperature, with_entropy=with_entropy)
-  return (prompt_columns_zero(logp, lp),
-          None if entropy is None else prompt_columns_zero(entropy, lp))
+  logp, entropy = token_logprobs(logits, scored(traj, traj.tokens),
+                                 scored(traj, traj.policy_mask), temperature=temperature,
+                                 with_entropy=with_entropy)
+  return to_stream(logp, traj), None if entropy is None else to_stream(entropy, traj)
