@@ -37,6 +37,8 @@ setup(
         "sqlglot>=30,<31",
         # search_qa's search tool
         "bm25s>=0.2.10,<0.4",
+        # tic_tac_toe's rules (pure JAX games)
+        "pgx>=2.6,<3",
     ],
     extras_require={
         "test": ["pytest>=8,<10", "ruff>=0.8,<0.18",

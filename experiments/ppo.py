@@ -11,7 +11,12 @@ value head (and the separate backbone) learn with their own optimizer
 (`critic_optimizer`: rate and AdamW settings over the policy's). The outcome
 reward sits on the last policy token, optionally minus a per-token KL penalty
 to the frozen initial policy; GAE (a reverse `lax.scan` over tokens) turns
-rewards and the values recorded at rollout time into advantages and returns;
+rewards and the values recorded at rollout time into advantages and returns.
+Over an environment's multi-turn episodes (`config.env`) each turn's reward sits
+on its last token and `gae_level` picks the credit: "token" (GAE over the
+policy tokens, the environment's skipped), "turn" (GAE over turns, each token
+its turn's) or "bilevel" (turn-level, then token-level inside each turn;
+RAGEN's and VAGEN's); see `jaxrl_agents.credit`. Then
 the update minimizes the policy objective (`objective.py`, shared with GRPO)
 plus `vf_coef` times the clipped value loss.
 
@@ -32,13 +37,14 @@ import optax
 
 from experiments import common
 from jaxrl_agents import advantages as advantages_lib
-from jaxrl_agents import losses, registry, rl_loop, types
+from jaxrl_agents import credit, losses, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.models import heads, transformer
 from jaxrl_agents.rollout import scoring
 
 CRITICS = ("shared", "separate")
+GAE_LEVELS = ("token", "turn", "bilevel")
 
 
 class PPOState(NamedTuple):
@@ -71,6 +77,8 @@ class PPOSettings:
     kl_coef, kl_estimator: the KL reward penalty.
     epochs, minibatches: passes over the batch and updates per pass.
     prompt_group: rows per shared prompt in scoring (1: each row runs its prompt).
+    gae_level: one of GAE_LEVELS (multi-turn credit; single-turn streams: "token").
+    turn_gamma, turn_lam: the turn-level discount and lambda ("turn", "bilevel").
   """
 
   objective: objective_lib.PolicyObjective
@@ -85,6 +93,9 @@ class PPOSettings:
   epochs: int = 1
   minibatches: int = 1
   prompt_group: int = 1
+  gae_level: str = "token"
+  turn_gamma: float = 1.0
+  turn_lam: float = 0.95
 
 
 def settings_from_config(config) -> PPOSettings:
@@ -96,7 +107,9 @@ def settings_from_config(config) -> PPOSettings:
       normalize_advantages=bool(config.normalize_advantages), vf_coef=float(config.vf_coef),
       value_clip=float(config.value_clip), kl_coef=float(config.kl_coef),
       kl_estimator=config.kl_estimator, epochs=config.epochs, minibatches=config.minibatches,
-      prompt_group=config.group_size if config.get("share_prompt", False) else 1)
+      prompt_group=config.group_size if config.get("share_prompt", False) else 1,
+      gae_level=config.get("gae_level", "token"), turn_gamma=float(config.get("turn_gamma", 1.0)),
+      turn_lam=float(config.get("turn_lam", 0.95)))
 
 
 def forward(params, traj: types.Trajectory, *, cfg: transformer.TransformerConfig,
@@ -118,18 +131,25 @@ def forward(params, traj: types.Trajectory, *, cfg: transformer.TransformerConfi
 
 def gae_targets(s: PPOSettings, traj: types.Trajectory, old_logp, old_values, ref_logp
                 ) -> tuple[jax.Array, jax.Array]:
-  """(advantages f32[B, T], returns f32[B, T]): the outcome reward on the last policy token,
-  minus the KL penalty, through token-level GAE."""
+  """(advantages f32[B, T], returns f32[B, T]): each turn's reward on its last policy token
+  (single-turn: the outcome on the last one), minus the KL penalty, through GAE at
+  `s.gae_level`."""
   mask = traj.policy_mask
-  last = types.last_policy_token(mask)
-  token_rewards = jnp.where(last, traj.rewards[:, None], 0.0)
-  if s.kl_coef:
-    token_rewards, _ = losses.kl_reward_penalty(token_rewards, old_logp, ref_logp, mask,
-                                                s.kl_coef, estimator=s.kl_estimator)
-  # Padding after the last token: no reward, zero value, and done at the last
-  # real token so nothing leaks backwards from the padding.
-  adv, returns = advantages_lib.generalized_advantage_estimation(
-      token_rewards, old_values, last, gamma=s.gamma, lam=s.gae_lambda)
+  if s.gae_level == "token":
+    token_rewards = credit.rewards_at_turn_ends(traj.turn_rewards, traj.turn_id, mask,
+                                                traj.turn_mask)
+    if s.kl_coef:
+      token_rewards, _ = losses.kl_reward_penalty(token_rewards, old_logp, ref_logp, mask,
+                                                  s.kl_coef, estimator=s.kl_estimator)
+    adv, returns = credit.policy_token_gae(token_rewards, old_values, mask, gamma=s.gamma,
+                                           lam=s.gae_lambda)
+  elif s.gae_level == "turn":
+    adv, returns = credit.turn_level_gae(traj.turn_rewards, old_values, traj.turn_id, mask,
+                                         traj.turn_mask, gamma=s.turn_gamma, lam=s.turn_lam)
+  else:
+    adv, returns = credit.bilevel_gae(traj.turn_rewards, old_values, traj.turn_id, mask,
+                                      traj.turn_mask, gamma=s.gamma, lam=s.gae_lambda,
+                                      turn_gamma=s.turn_gamma, turn_lam=s.turn_lam)
   if s.normalize_advantages:
     adv = advantages_lib.standardize(adv, mask)
   return jnp.where(mask, adv, 0.0), returns
@@ -217,9 +237,22 @@ def validate(config) -> None:
   if config.get("oversample", 1) != 1:
     raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
                      "on every sample (its critic is the baseline): set oversample=1")
-  if config.get("env"):
-    raise ValueError("PPO's GAE runs over the token stream as one reply; multi-turn episodes "
-                     "(config.env) need turn-level credit, not there yet: use GRPO")
+  level = config.get("gae_level", "token")
+  if level not in GAE_LEVELS:
+    raise ValueError(f"gae_level must be one of {GAE_LEVELS}, got {level!r}")
+  if level != "token" and not config.get("env"):
+    raise ValueError(f"gae_level {level!r} assigns credit across the turns of an environment's "
+                     "episodes; set config.env (a single-turn run has one turn)")
+  if level != "token" and config.kl_coef:
+    raise ValueError(f"the KL penalty is per token; gae_level {level!r} reads turn rewards: "
+                     "use gae_level='token' or kl_coef=0")
+  turn_credit = config.get("turn_credit", None)
+  if turn_credit is not None and turn_credit.name != "episode":
+    raise ValueError(f"turn_credit {turn_credit.name!r} is GRPO's; PPO's multi-turn credit is "
+                     "gae_level ('token', 'turn' or 'bilevel')")
+  for key in ("turn_gamma", "turn_lam"):
+    if not 0 <= config.get(key, 0.5) <= 1:
+      raise ValueError(f"{key} must be in [0, 1], got {config.get(key)}")
 
 
 def train(config, workdir: str, progress: bool = True) -> dict:

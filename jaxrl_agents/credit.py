@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import advantages as advantages_lib
 from jaxrl_agents.losses._checks import check_bt, check_rank, check_same_shape
 
 _SCOPES = ("batch", "group", "none")
@@ -268,6 +269,148 @@ def step_group_advantages(
     scale = jnp.sqrt(var) + eps
     centred = centred / jnp.where(scale > 0, scale, 1.0)  # a lone turn: 0 / 0 -> 0
   return centred.reshape(b, k)
+
+
+def _policy_first(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(order, inverse) int32[B, T]: a stable permutation putting each row's policy tokens
+  first, in order, and the permutation that undoes it."""
+  order = jnp.argsort(~mask.astype(bool), axis=1, stable=True)
+  return order, jnp.argsort(order, axis=1)
+
+
+def _ends_of_turns(turn_id: jax.Array, mask: jax.Array) -> jax.Array:
+  """bool[B, T]: the last policy token of each turn (the next policy token is another
+  turn's, or there is none)."""
+  m = mask.astype(bool)
+  order, inverse = _policy_first(m)
+  tid = jnp.take_along_axis(jnp.where(m, turn_id, -1), order, axis=1)
+  pm = jnp.take_along_axis(m, order, axis=1)
+  nxt = jnp.concatenate([tid[:, 1:], jnp.full(tid[:, :1].shape, -1)], axis=1)
+  nxt_m = jnp.concatenate([pm[:, 1:], jnp.zeros_like(pm[:, :1])], axis=1)
+  ends = pm & (~nxt_m | (nxt != tid))
+  return jnp.take_along_axis(ends, inverse, axis=1)
+
+
+def _gae(rewards, values, dones, gamma, lam):
+  return advantages_lib.generalized_advantage_estimation(rewards, values, dones, gamma=gamma,
+                                                         lam=lam)
+
+
+def rewards_at_turn_ends(turn_rewards: jax.Array, turn_id: jax.Array, mask: jax.Array,
+                         turn_mask: jax.Array | None = None) -> jax.Array:
+  """f32[B, T]: each turn's reward on its last policy token, 0 elsewhere (a single-turn
+  stream: the outcome on the last token)."""
+  ends = _ends_of_turns(turn_id, mask)
+  return jnp.where(ends, broadcast_turn_values(turn_rewards, turn_id, mask, turn_mask), 0.0)
+
+
+def policy_token_gae(
+  token_rewards: jax.Array, values: jax.Array, mask: jax.Array, *, gamma: float, lam: float
+) -> tuple[jax.Array, jax.Array]:
+  """Token-level GAE over a multi-turn stream's policy tokens, skipping everything else.
+
+  The environment's tokens are not actions: the value after a turn's last token
+  is the value at the next turn's first token (which has read the
+  observation), the discount counts policy tokens only, and the episode ends
+  at its last policy token. Rewards sit on policy tokens (a turn's reward on its
+  last token). Computed by moving each row's policy tokens to the front (a
+  stable permutation), running `generalized_advantage_estimation` there, and
+  moving the results back.
+
+  Args:
+    token_rewards: f32[B, T] (0 off the policy tokens).
+    values: f32[B, T] V before each token.
+    mask: bool[B, T] policy tokens.
+    gamma, lam: GAE's discount and lambda per policy token.
+
+  Returns:
+    (advantages f32[B, T], returns f32[B, T]), 0 off the policy tokens.
+  """
+  check_bt(token_rewards=token_rewards, values=values, mask=mask)
+  m = mask.astype(bool)
+  order, inverse = _policy_first(m)
+  take = lambda x: jnp.take_along_axis(x, order, axis=1)
+  pm = take(m)
+  last = pm & ~jnp.concatenate([pm[:, 1:], jnp.zeros_like(pm[:, :1])], axis=1)
+  adv, _ = _gae(jnp.where(pm, take(token_rewards), 0.0), jnp.where(pm, take(values), 0.0),
+                last | ~pm, gamma, lam)
+  adv = jnp.where(m, jnp.take_along_axis(adv, inverse, axis=1), 0.0)
+  return adv, jnp.where(m, adv + values, 0.0)
+
+
+def turn_values(values: jax.Array, turn_id: jax.Array, mask: jax.Array, num_turns: int
+                ) -> jax.Array:
+  """f32[B, K]: each turn's value, read at its last policy token (0 for a turn without one)."""
+  check_bt(values=values, turn_id=turn_id, mask=mask)
+  ends = _ends_of_turns(turn_id, mask)
+  return _turn_sums(jnp.where(ends, values, 0.0), turn_id, ends, num_turns)
+
+
+def turn_level_gae(
+  turn_rewards: jax.Array, values: jax.Array, turn_id: jax.Array, mask: jax.Array,
+  turn_mask: jax.Array, *, gamma: float, lam: float
+) -> tuple[jax.Array, jax.Array]:
+  """GAE over turns, each token getting its turn's: the agentic MDP of a multi-turn episode.
+
+  V_k is the value at turn k's last policy token (`turn_values`), r_k the
+  turn's reward, and the episode ends after its last valid turn:
+
+    delta_k = r_k + gamma V_{k+1} - V_k,   A_k = delta_k + gamma lam A_{k+1},
+
+  every policy token of turn k gets A_k and the return target G_k = A_k + V_k.
+
+  Args:
+    turn_rewards: f32[B, K].
+    values: f32[B, T] token values.
+    turn_id: int[B, T].
+    mask: bool[B, T] policy tokens.
+    turn_mask: bool[B, K] turns that happened (a prefix).
+    gamma, lam: per turn.
+
+  Returns:
+    (advantages f32[B, T], returns f32[B, T]), 0 off the policy tokens.
+  """
+  tm = _check_turns(turn_rewards, turn_mask, "turn_rewards")
+  k = turn_rewards.shape[1]
+  v = jnp.where(tm, turn_values(values, turn_id, mask, k), 0.0)
+  last, _ = _last_valid_turn(tm)
+  dones = (jnp.arange(k)[None, :] >= last[:, None]) | ~tm
+  adv, _ = _gae(jnp.where(tm, turn_rewards, 0.0), v, dones, gamma, lam)
+  adv = jnp.where(tm, adv, 0.0)
+  return (broadcast_turn_values(adv, turn_id, mask, tm),
+          broadcast_turn_values(adv + v, turn_id, mask, tm))
+
+
+def bilevel_gae(
+  turn_rewards: jax.Array, values: jax.Array, turn_id: jax.Array, mask: jax.Array,
+  turn_mask: jax.Array, *, gamma: float, lam: float, turn_gamma: float, turn_lam: float
+) -> tuple[jax.Array, jax.Array]:
+  """Bi-level GAE (RAGEN's and VAGEN's multi-turn PPO): turn-level GAE across turns, then
+  token-level GAE inside each turn started from the turn's.
+
+  The turn level is `turn_level_gae` (turn_gamma, turn_lam) with V_k at turn
+  k's last token. Inside turn k, token-level GAE (gamma, lam) runs over its
+  policy tokens with no reward until the last, whose target is the turn's
+  return G_k = A_k + V_k and after which nothing is bootstrapped: the last
+  token's advantage is the turn's A_k, earlier tokens' are GAE towards it.
+
+  Returns:
+    (advantages f32[B, T], returns f32[B, T] = advantages + values), 0 off the
+    policy tokens.
+  """
+  _, turn_returns_ = turn_level_gae(turn_rewards, values, turn_id, mask, turn_mask,
+                                    gamma=turn_gamma, lam=turn_lam)
+  m = mask.astype(bool)
+  ends = _ends_of_turns(turn_id, m)
+  order, inverse = _policy_first(m)
+  take = lambda x: jnp.take_along_axis(x, order, axis=1)
+  pm, end = take(m), take(ends)
+  # The turn's return is the last token's reward, with values[last] subtracted back by
+  # GAE's delta: r_last = G_k gives delta_last = G_k - V_last = A_k.
+  adv, _ = _gae(jnp.where(end, take(turn_returns_), 0.0), jnp.where(pm, take(values), 0.0),
+                end | ~pm, gamma, lam)
+  adv = jnp.where(m, jnp.take_along_axis(adv, inverse, axis=1), 0.0)
+  return adv, jnp.where(m, adv + values, 0.0)
 
 
 def potential_based_shaping(

@@ -187,6 +187,100 @@ def test_step_group_advantages_errors():
     credit.step_group_advantages(jnp.zeros((4, 2)), jnp.zeros((4, 2), jnp.int32), group_size=3)
 
 
+# --- Multi-turn GAE (PPO's gae_level) ------------------------------------------------------
+
+# One episode: prompt (2 columns), turn 0 at columns 2-4, an observation at 5-6, turn 1 at
+# 7-8, padding at 9. The environment's columns carry garbage values that must not matter.
+_MASK = jnp.array([[0, 0, 1, 1, 1, 0, 0, 1, 1, 0]], bool)
+_TURN_ID = jnp.array([[-1, -1, 0, 0, 0, -1, -1, 1, 1, -1]], jnp.int32)
+_VALUES = jnp.array([[0.0, 0.0, 0.1, 0.2, 0.3, 9.0, 9.0, 0.4, 0.5, 9.0]])
+_TURN_REWARDS = jnp.array([[1.0, 2.0]])
+_TURN_MASK = jnp.array([[True, True]])
+
+
+def test_rewards_at_turn_ends_hand_values():
+  out = credit.rewards_at_turn_ends(_TURN_REWARDS, _TURN_ID, _MASK, _TURN_MASK)
+  np.testing.assert_array_equal(_np(out), [[0, 0, 0, 0, 1, 0, 0, 0, 2, 0]])
+
+
+def test_policy_token_gae_skips_the_environment_tokens():
+  rewards = credit.rewards_at_turn_ends(_TURN_REWARDS, _TURN_ID, _MASK, _TURN_MASK)
+  adv, ret = credit.policy_token_gae(rewards, _VALUES, _MASK, gamma=0.9, lam=0.8)
+  # The policy tokens in order: values .1 .2 .3 .4 .5, rewards 0 0 1 0 2, done at the last.
+  v, r = [0.1, 0.2, 0.3, 0.4, 0.5], [0.0, 0.0, 1.0, 0.0, 2.0]
+  want, later = [0.0] * 5, 0.0
+  for i in reversed(range(5)):
+    next_v = v[i + 1] if i < 4 else 0.0
+    later = r[i] + 0.9 * next_v - v[i] + 0.9 * 0.8 * later
+    want[i] = later
+  cols = [2, 3, 4, 7, 8]
+  np.testing.assert_allclose(_np(adv)[0, cols], want, rtol=1e-5)
+  np.testing.assert_allclose(_np(ret)[0, cols], np.add(want, v), rtol=1e-5)
+  assert (_np(adv)[0, [0, 1, 5, 6, 9]] == 0).all()
+  np.testing.assert_allclose(want[4], 1.5, rtol=1e-6)  # 2 - 0.5 by hand
+
+
+def test_policy_token_gae_on_one_turn_is_plain_gae():
+  """A single-turn stream (contiguous policy tokens): the old path, GAE with done at the last
+  policy token, gives the same numbers."""
+  from jaxrl_agents import advantages, types
+
+  rng = np.random.default_rng(0)
+  mask = np.zeros((3, 12), bool)
+  for row, (start, n) in enumerate([(4, 6), (4, 8), (4, 1)]):
+    mask[row, start:start + n] = True
+  rewards = np.where(_np(types.last_policy_token(jnp.asarray(mask))), rng.normal(size=(3, 1)),
+                     0.0).astype(np.float32)
+  values = np.where(mask, rng.normal(size=(3, 12)), 0.0).astype(np.float32)
+  adv, ret = credit.policy_token_gae(jnp.asarray(rewards), jnp.asarray(values),
+                                     jnp.asarray(mask), gamma=0.99, lam=0.9)
+  ref_adv, ref_ret = advantages.generalized_advantage_estimation(
+      jnp.asarray(rewards), jnp.asarray(values), types.last_policy_token(jnp.asarray(mask)),
+      gamma=0.99, lam=0.9)
+  np.testing.assert_allclose(_np(adv)[mask], _np(ref_adv)[mask], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(_np(ret)[mask], _np(ref_ret)[mask], rtol=1e-5, atol=1e-6)
+
+
+def test_turn_level_gae_hand_values():
+  adv, ret = credit.turn_level_gae(_TURN_REWARDS, _VALUES, _TURN_ID, _MASK, _TURN_MASK,
+                                   gamma=0.9, lam=0.8)
+  # V_0 = 0.3, V_1 = 0.5 (each turn's last token). delta_1 = 2 - 0.5 = 1.5;
+  # delta_0 = 1 + 0.9 * 0.5 - 0.3 = 1.15; A_0 = 1.15 + 0.72 * 1.5 = 2.23.
+  np.testing.assert_allclose(_np(adv)[0], [0, 0, 2.23, 2.23, 2.23, 0, 0, 1.5, 1.5, 0],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(_np(ret)[0], [0, 0, 2.53, 2.53, 2.53, 0, 0, 2.0, 2.0, 0],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_bilevel_gae_hand_values():
+  adv, ret = credit.bilevel_gae(_TURN_REWARDS, _VALUES, _TURN_ID, _MASK, _TURN_MASK, gamma=1.0,
+                                lam=1.0, turn_gamma=0.9, turn_lam=0.8)
+  # Turn returns G_0 = 2.53, G_1 = 2.0 (above); with gamma = lam = 1 inside a turn every
+  # token's advantage is G_k - V_t, and its return is G_k.
+  np.testing.assert_allclose(_np(adv)[0], [0, 0, 2.43, 2.33, 2.23, 0, 0, 1.6, 1.5, 0],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(_np(ret)[0], [0, 0, 2.53, 2.53, 2.53, 0, 0, 2.0, 2.0, 0],
+                             rtol=1e-5, atol=1e-6)
+  # The last token of each turn carries the turn-level advantage whatever gamma, lam inside.
+  adv2, _ = credit.bilevel_gae(_TURN_REWARDS, _VALUES, _TURN_ID, _MASK, _TURN_MASK, gamma=0.5,
+                               lam=0.3, turn_gamma=0.9, turn_lam=0.8)
+  np.testing.assert_allclose(_np(adv2)[0, [4, 8]], [2.23, 1.5], rtol=1e-5)
+
+
+def test_multi_turn_gae_on_a_batch_matches_row_by_row_and_jits():
+  mask = jnp.concatenate([_MASK, jnp.array([[0, 0, 1, 0, 0, 0, 0, 0, 0, 0]], bool)])
+  turn_id = jnp.concatenate([_TURN_ID, jnp.array([[-1, -1, 0] + [-1] * 7], jnp.int32)])
+  values = jnp.concatenate([_VALUES, jnp.full((1, 10), 0.25)])
+  rewards = jnp.array([[1.0, 2.0], [3.0, 0.0]])
+  tm = jnp.array([[True, True], [True, False]])
+  fn = jax.jit(functools.partial(credit.bilevel_gae, gamma=0.9, lam=0.8, turn_gamma=0.9,
+                                 turn_lam=0.8))
+  both, _ = fn(rewards, values, turn_id, mask, tm)
+  alone, _ = fn(rewards[1:], values[1:], turn_id[1:], mask[1:], tm[1:])
+  np.testing.assert_allclose(_np(both)[1], _np(alone)[0], rtol=1e-6)
+  np.testing.assert_allclose(_np(both)[1, 2], 3.0 - 0.25, rtol=1e-6)  # one token, one turn
+
+
 def test_pbrs_hand_values():
   rewards = jnp.array([[1.0, 0.0, 2.0]])
   phi = jnp.array([[0.5, 1.0, 0.0, 3.0]])

@@ -169,3 +169,40 @@ def test_turn_credit_is_refused_where_it_cannot_apply():
   tool.turn_credit.name, tool.potential_shaping = "episode", True
   with pytest.raises(ValueError, match="potential"):
     env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+
+
+@pytest.mark.slow
+def test_tiny_ppo_on_frozen_lake_trains_with_bilevel_gae(tmp_path):
+  from experiments import ppo
+  from experiments.configs import ppo_frozen_lake
+
+  config = ppo_frozen_lake.get_config("tiny")
+  config.steps, config.eval_every, config.checkpoint_every = 2, 2, 2
+  ppo.train(config, str(tmp_path), progress=False)
+  train = [r for r in metrics_lib.read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
+           if r["kind"] == "train"]
+  assert len(train) == 2
+  for r in train:
+    assert np.isfinite(r["loss"]) and np.isfinite(r["value_loss"]), r
+    assert "reward/shaped_return_mean" in r and "episode_turns" in r, r
+
+
+def test_ppo_credit_is_refused_where_it_cannot_apply():
+  from experiments import ppo
+  from experiments.configs import ppo_arithmetic, ppo_frozen_lake
+
+  config = ppo_frozen_lake.get_config("tiny")
+  ppo.validate(config)
+  config.gae_level = "episode"
+  with pytest.raises(ValueError, match="gae_level must be one of"):
+    ppo.validate(config)
+  config.gae_level, config.kl_coef = "turn", 0.1
+  with pytest.raises(ValueError, match="KL penalty is per token"):
+    ppo.validate(config)
+  config.kl_coef, config.turn_credit.name = 0.0, "gigpo"
+  with pytest.raises(ValueError, match="is GRPO's"):
+    ppo.validate(config)
+  single = ppo_arithmetic.get_config("tiny")
+  single.gae_level = "bilevel"
+  with pytest.raises(ValueError, match="single-turn"):
+    ppo.validate(single)

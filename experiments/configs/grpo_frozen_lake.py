@@ -23,12 +23,18 @@ import ml_collections
 from experiments.configs import env_common, grpo_arithmetic
 
 
-def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+def set_frozen_lake(c: ml_collections.ConfigDict, variant: str | None
+                    ) -> ml_collections.ConfigDict:
+  """The environment, the episode's shape and the shaping (GRPO's and PPO's configs)."""
   c = env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="frozen_lake",
-      options=dict(size=4, hole_prob=0.2, slippery=False),
+      c, variant, env="frozen_lake", options=dict(size=4, hole_prob=0.2, slippery=False),
       tiny_options=dict(size=2, hole_prob=0.0, slippery=False), max_turns=8,
       tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=5)
-  c.turn_credit.name, c.turn_credit.gamma = "gigpo", 0.95
   c.potential_shaping = True
+  return c
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  c = set_frozen_lake(grpo_arithmetic.get_config(variant), variant)
+  c.turn_credit.name, c.turn_credit.gamma = "gigpo", 0.95
   return c

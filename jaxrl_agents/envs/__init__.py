@@ -9,13 +9,22 @@ See `envs.base` for the protocol. Registered:
 |---------------|------------------------------------------------------------------|
 | guess_number  | guesses a number in a range, told "higher" / "lower" each turn    |
 | frozen_lake   | walks a text-grid lake to the goal around holes (slippery or not) |
+| tic_tac_toe   | plays tic-tac-toe (pgx) against a fixed opponent                  |
 | calculator    | (host) multiplies large numbers, with a calculator tool to call   |
 | text_to_sql   | (host) answers questions with SQL over a generated sqlite database |
 | search_qa     | (host) multi-hop questions over invented documents, BM25 search   |
 """
 
 from jaxrl_agents import registry
-from jaxrl_agents.envs import base, calculator, frozen_lake, guess_number, search_qa, text_to_sql
+from jaxrl_agents.envs import (
+  base,
+  calculator,
+  frozen_lake,
+  guess_number,
+  search_qa,
+  text_to_sql,
+  tic_tac_toe,
+)
 from jaxrl_agents.envs.base import Env, EnvStep, HostEnv, HostStep, Tokens
 
 
@@ -29,4 +38,5 @@ def names() -> list[str]:
 
 
 __all__ = ["Env", "EnvStep", "HostEnv", "HostStep", "Tokens", "base", "calculator",
-           "frozen_lake", "guess_number", "search_qa", "text_to_sql", "make", "names"]
+           "frozen_lake", "guess_number", "search_qa", "text_to_sql",
+           "tic_tac_toe", "make", "names"]
