@@ -405,7 +405,8 @@ def test_evaluations_every_so_many_seconds(tmp_path):
     ("grpo_calculator", None), ("grpo_calculator", "tiny"), ("grpo_frozen_lake", None),
     ("grpo_frozen_lake", "tiny"), ("grpo_text_to_sql", None), ("grpo_text_to_sql", "tiny"),
     ("grpo_search_qa", None), ("grpo_search_qa", "tiny"), ("ppo_frozen_lake", None),
-    ("ppo_frozen_lake", "tiny"), ("grpo_tic_tac_toe", None), ("grpo_tic_tac_toe", "tiny")])
+    ("ppo_frozen_lake", "tiny"), ("grpo_tic_tac_toe", None), ("grpo_tic_tac_toe", "tiny"),
+    ("grpo_sokoban", None), ("grpo_sokoban", "tiny")])
 def test_every_shipped_config_validates(module, variant):
   import importlib
 

@@ -10,6 +10,7 @@ See `envs.base` for the protocol. Registered:
 | guess_number  | guesses a number in a range, told "higher" / "lower" each turn    |
 | frozen_lake   | walks a text-grid lake to the goal around holes (slippery or not) |
 | tic_tac_toe   | plays tic-tac-toe (pgx) against a fixed opponent                  |
+| sokoban       | pushes boxes onto targets in small generated rooms (text grid)    |
 | calculator    | (host) multiplies large numbers, with a calculator tool to call   |
 | text_to_sql   | (host) answers questions with SQL over a generated sqlite database |
 | search_qa     | (host) multi-hop questions over invented documents, BM25 search   |
@@ -38,5 +39,5 @@ def names() -> list[str]:
 
 
 __all__ = ["Env", "EnvStep", "HostEnv", "HostStep", "Tokens", "base", "calculator",
-           "frozen_lake", "guess_number", "search_qa", "text_to_sql",
-           "tic_tac_toe", "make", "names"]
+           "frozen_lake", "guess_number", "search_qa", "sokoban",
+           "text_to_sql", "tic_tac_toe", "make", "names"]

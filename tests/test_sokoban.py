@@ -1,0 +1,132 @@
+"""Sokoban: every generated room solved by an independent breadth-first search, the solution
+replayed through the environment, pushes and blocks by hand, and the scan."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_agents import envs
+from jaxrl_agents.envs import base, sokoban
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import sampler as sampler_lib
+
+MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return zoo.load("tiny").tokenizer
+
+
+def _action(tok, text, width=12):
+  ids = tokenizer_lib.plain_ids(tok, text)[:width]
+  return base.Tokens(jnp.asarray(ids + [0] * (width - len(ids)), jnp.int32),
+                     jnp.arange(width) < len(ids))
+
+
+def _bfs(walls, targets, boxes, player, limit=200_000):
+  """Shortest list of moves that puts every box on a target (plain Python rules), or None."""
+  start = (player, frozenset(boxes))
+  seen, queue = {start: None}, collections.deque([start])
+  while queue and len(seen) < limit:
+    state = queue.popleft()
+    (r, c), bs = state
+    if bs <= targets:
+      path = []
+      while seen[state] is not None:
+        state, move = seen[state]
+        path.append(move)
+      return path[::-1]
+    for move, (dr, dc) in MOVES.items():
+      ahead, beyond = (r + dr, c + dc), (r + 2 * dr, c + 2 * dc)
+      if ahead in walls:
+        continue
+      if ahead in bs:
+        if beyond in walls or beyond in bs:
+          continue
+        nxt = (ahead, (bs - {ahead}) | {beyond})
+      else:
+        nxt = (ahead, bs)
+      if nxt not in seen:
+        seen[nxt] = (state, move)
+        queue.append(nxt)
+  return None
+
+
+def _cells(grid):
+  return {tuple(map(int, rc)) for rc in np.argwhere(np.asarray(grid))}
+
+
+@pytest.mark.parametrize("boxes", [1, 2])
+def test_every_generated_room_is_solvable_and_the_solution_solves_it(tok, boxes):
+  env = envs.make("sokoban", tok, boxes=boxes, inner_walls=1)
+  rooms = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(boxes), 24))
+  step = jax.jit(env.step)
+  lengths = []
+  for i in range(24):
+    room = jax.tree.map(lambda x, i=i: x[i], rooms)
+    assert int(np.asarray(room.boxes).sum()) == int(np.asarray(room.targets).sum()) == boxes
+    path = _bfs(_cells(room.walls), _cells(room.targets), _cells(room.boxes),
+                tuple(map(int, np.asarray(room.player))))
+    assert path is not None, i
+    lengths.append(len(path))
+    state, _ = env.reset(None, room)
+    for k, move in enumerate(path):
+      out = step(state, _action(tok, f"I go {move}"))
+      state = out.state
+      assert bool(out.done) == (k == len(path) - 1) and float(out.reward) == float(out.done)
+  assert np.mean(lengths) >= 3 and min(lengths) >= 1  # the rooms need some pushing
+
+
+def test_pushes_and_blocks_by_hand(tok):
+  env = envs.make("sokoban", tok)
+  walls = np.ones((6, 6), bool)
+  walls[1:-1, 1:-1] = False
+  targets, boxes = np.zeros((6, 6), bool), np.zeros((6, 6), bool)
+  targets[2, 4], boxes[2, 2] = True, True
+  room = sokoban.Room(jnp.asarray(walls), jnp.asarray(targets), jnp.asarray(boxes),
+                      jnp.asarray([2, 1], jnp.int32))
+  state, obs = env.reset(None, room)
+  text = tok.decode(np.asarray(obs.ids)[np.asarray(obs.mask)].tolist())
+  assert " # _ _ _ _ #\n # @ $ _ . #\n" in text
+  np.testing.assert_allclose(float(env.potential(state)), -2 / 8)
+  out = env.step(state, _action(tok, "right"))  # push: the box moves to (2, 3)
+  assert tuple(np.asarray(out.state.player)) == (2, 2) and bool(out.state.boxes[2, 3])
+  assert not bool(out.done) and float(out.info["stuck"]) == 0.0
+  out = env.step(out.state, _action(tok, "right"))  # onto the target: solved
+  assert bool(out.done) and float(out.reward) == 1.0 and bool(out.state.boxes[2, 4])
+  np.testing.assert_allclose(float(env.potential(out.state)), 0.0)
+  # A box against the wall cannot be pushed further: nothing moves.
+  blocked = env.step(out.state, _action(tok, "right"))
+  assert float(blocked.info["stuck"]) == 1.0
+  assert tuple(np.asarray(blocked.state.player)) == (2, 3)
+  assert float(env.step(state, _action(tok, "push it")).info["invalid"]) == 1.0
+  assert int(env.state_key(state)) != int(env.state_key(out.state))
+
+
+def test_bad_options_are_refused(tok):
+  with pytest.raises(ValueError, match="size"):
+    envs.make("sokoban", tok, size=4)
+  with pytest.raises(ValueError, match="room to move"):
+    envs.make("sokoban", tok, size=5, boxes=3, inner_walls=3)
+
+
+def test_episodes_in_the_scan_equal_those_driven_turn_by_turn():
+  model = zoo.load("tiny")
+  tok = model.tokenizer
+  env = envs.make("sokoban", tok)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=4, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  tasks = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(0), 2))
+  args = (model.params, model.cfg, env, multiturn.turn_template(tok), tasks,
+          jax.random.key(4), sampling)
+  a = multiturn.rollout(*args, group_size=2, num_turns=2)
+  b = multiturn.rollout_by_turn(*args, group_size=2, num_turns=2)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
