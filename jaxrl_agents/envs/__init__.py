@@ -23,6 +23,7 @@ from jaxrl_agents.envs import (
   frozen_lake,
   guess_number,
   search_qa,
+  sokoban,
   text_to_sql,
   tic_tac_toe,
 )
