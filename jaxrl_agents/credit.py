@@ -278,17 +278,25 @@ def _policy_first(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   return order, jnp.argsort(order, axis=1)
 
 
-def _ends_of_turns(turn_id: jax.Array, mask: jax.Array) -> jax.Array:
-  """bool[B, T]: the last policy token of each turn (the next policy token is another
-  turn's, or there is none)."""
+def _turn_edges(turn_id: jax.Array, mask: jax.Array, which: str) -> jax.Array:
+  """bool[B, T]: the "first" or "last" policy token of each turn."""
   m = mask.astype(bool)
   order, inverse = _policy_first(m)
   tid = jnp.take_along_axis(jnp.where(m, turn_id, -1), order, axis=1)
   pm = jnp.take_along_axis(m, order, axis=1)
-  nxt = jnp.concatenate([tid[:, 1:], jnp.full(tid[:, :1].shape, -1)], axis=1)
-  nxt_m = jnp.concatenate([pm[:, 1:], jnp.zeros_like(pm[:, :1])], axis=1)
-  ends = pm & (~nxt_m | (nxt != tid))
-  return jnp.take_along_axis(ends, inverse, axis=1)
+  if which == "last":
+    other = jnp.concatenate([tid[:, 1:], jnp.full(tid[:, :1].shape, -1)], axis=1)
+    other_m = jnp.concatenate([pm[:, 1:], jnp.zeros_like(pm[:, :1])], axis=1)
+  else:
+    other = jnp.concatenate([jnp.full(tid[:, :1].shape, -1), tid[:, :-1]], axis=1)
+    other_m = jnp.concatenate([jnp.zeros_like(pm[:, :1]), pm[:, :-1]], axis=1)
+  edges = pm & (~other_m | (other != tid))
+  return jnp.take_along_axis(edges, inverse, axis=1)
+
+
+def _ends_of_turns(turn_id: jax.Array, mask: jax.Array) -> jax.Array:
+  """bool[B, T]: the last policy token of each turn."""
+  return _turn_edges(turn_id, mask, "last")
 
 
 def _gae(rewards, values, dones, gamma, lam):
@@ -338,12 +346,16 @@ def policy_token_gae(
   return adv, jnp.where(m, adv + values, 0.0)
 
 
-def turn_values(values: jax.Array, turn_id: jax.Array, mask: jax.Array, num_turns: int
-                ) -> jax.Array:
-  """f32[B, K]: each turn's value, read at its last policy token (0 for a turn without one)."""
+def turn_values(values: jax.Array, turn_id: jax.Array, mask: jax.Array, num_turns: int, *,
+                at: str = "first") -> jax.Array:
+  """f32[B, K]: each turn's value, read at its "first" policy token (the state the turn
+  starts from, before any of the reply) or its "last" (after all but one token of it);
+  0 for a turn without tokens."""
   check_bt(values=values, turn_id=turn_id, mask=mask)
-  ends = _ends_of_turns(turn_id, mask)
-  return _turn_sums(jnp.where(ends, values, 0.0), turn_id, ends, num_turns)
+  if at not in ("first", "last"):
+    raise ValueError(f"at must be 'first' or 'last', got {at!r}")
+  edges = _turn_edges(turn_id, mask, at)
+  return _turn_sums(jnp.where(edges, values, 0.0), turn_id, edges, num_turns)
 
 
 def turn_level_gae(
@@ -352,8 +364,10 @@ def turn_level_gae(
 ) -> tuple[jax.Array, jax.Array]:
   """GAE over turns, each token getting its turn's: the agentic MDP of a multi-turn episode.
 
-  V_k is the value at turn k's last policy token (`turn_values`), r_k the
-  turn's reward, and the episode ends after its last valid turn:
+  V_k is the value of the state turn k starts from, read at its first policy
+  token (`turn_values`; the value there has seen the observation and none of
+  the reply), r_k the turn's reward, and the episode ends after its last valid
+  turn:
 
     delta_k = r_k + gamma V_{k+1} - V_k,   A_k = delta_k + gamma lam A_{k+1},
 
@@ -370,9 +384,14 @@ def turn_level_gae(
   Returns:
     (advantages f32[B, T], returns f32[B, T]), 0 off the policy tokens.
   """
+  return _turn_gae(turn_rewards, values, turn_id, mask, turn_mask, gamma=gamma, lam=lam,
+                   at="first")
+
+
+def _turn_gae(turn_rewards, values, turn_id, mask, turn_mask, *, gamma, lam, at):
   tm = _check_turns(turn_rewards, turn_mask, "turn_rewards")
   k = turn_rewards.shape[1]
-  v = jnp.where(tm, turn_values(values, turn_id, mask, k), 0.0)
+  v = jnp.where(tm, turn_values(values, turn_id, mask, k, at=at), 0.0)
   last, _ = _last_valid_turn(tm)
   dones = (jnp.arange(k)[None, :] >= last[:, None]) | ~tm
   adv, _ = _gae(jnp.where(tm, turn_rewards, 0.0), v, dones, gamma, lam)
@@ -388,8 +407,10 @@ def bilevel_gae(
   """Bi-level GAE (RAGEN's and VAGEN's multi-turn PPO): turn-level GAE across turns, then
   token-level GAE inside each turn started from the turn's.
 
-  The turn level is `turn_level_gae` (turn_gamma, turn_lam) with V_k at turn
-  k's last token. Inside turn k, token-level GAE (gamma, lam) runs over its
+  The turn level is GAE over turns (turn_gamma, turn_lam) as in
+  `turn_level_gae`, but with V_k read at turn k's last token (RAGEN's choice:
+  the value after the turn's action, so that the last token's advantage below
+  is exactly the turn's). Inside turn k, token-level GAE (gamma, lam) runs over its
   policy tokens with no reward until the last, whose target is the turn's
   return G_k = A_k + V_k and after which nothing is bootstrapped: the last
   token's advantage is the turn's A_k, earlier tokens' are GAE towards it.
@@ -398,8 +419,8 @@ def bilevel_gae(
     (advantages f32[B, T], returns f32[B, T] = advantages + values), 0 off the
     policy tokens.
   """
-  _, turn_returns_ = turn_level_gae(turn_rewards, values, turn_id, mask, turn_mask,
-                                    gamma=turn_gamma, lam=turn_lam)
+  _, turn_returns_ = _turn_gae(turn_rewards, values, turn_id, mask, turn_mask,
+                               gamma=turn_gamma, lam=turn_lam, at="last")
   m = mask.astype(bool)
   ends = _ends_of_turns(turn_id, m)
   order, inverse = _policy_first(m)

@@ -76,8 +76,10 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   `labels` names each row's task (samples.jsonl's "answer").
 
   With `shaping_gamma`, the turn rewards the update reads are potential-shaped
-  (`shape_turn_rewards`) and the rewards are their sum; the "return" component
-  stays the environment's own.
+  (`shape_turn_rewards`): turn-level credit and PPO's GAE read them. The episode
+  rewards (GRPO's group advantage) stay the environment's returns: with a
+  discount below 1 a shaped sum would not telescope, and staying put would pay.
+  Both are logged ("return", "shaped_return").
 
   Rows an environment failure ended (`failed`) are out of the loss already; their
   reward becomes the mean of their group's other returns, so that they move
@@ -88,9 +90,11 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   lp = traj.prompt_width
   returns = np.asarray(traj.rewards, np.float32)
+  components = {"return": returns}
   if shaping_gamma is not None:
     traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
-  rewards = np.asarray(traj.rewards, np.float32)
+    components["shaped_return"] = np.asarray(traj.rewards, np.float32)
+  rewards = returns
   if failed is not None and failed.any():
     rewards = _neutral_failed(rewards, failed, group_size)
   info = {k: np.asarray(v, np.float32) for k, v in eps.info.items()}
@@ -100,8 +104,7 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
       traj=traj, examples=[{"answer": label} for label in labels],
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
-      rewards=rewards, components={"return": returns} if shaping_gamma is None
-      else {"return": returns, "shaped_return": rewards}, correct=correct,
+      rewards=rewards, components=components, correct=correct,
       turn_keys=np.asarray(eps.turn_keys),
       details=[{**d, "failure": f} for d, f in zip(
           episode_details(tok, traj if details_traj is None else details_traj),
@@ -112,10 +115,10 @@ def shape_turn_rewards(eps: multiturn.Episodes, gamma: float) -> jax.Array:
   """Potential-based shaping of the turn rewards: r_k + gamma phi(s_{k+1}) - phi(s_k).
 
   phi is the environment's `potential` of the state each turn starts from; the
-  state after the last turn is terminal (phi = 0), so with gamma = 1 a shaped
-  return is the return minus phi(s_0), which the G episodes of a task share:
-  the shaping moves turn-level credit only, never the episode's advantage
-  ("Policy invariance under reward transformations", Ng, Harada and Russell).
+  state after the last turn is terminal (phi = 0). The discounted shaped return
+  from turn k is the return minus phi(s_k) ("Policy invariance under reward
+  transformations", Ng, Harada and Russell): the discount must be the one the
+  credit uses (`_check_credit` picks it), or the shaping changes what is learned.
   """
   phi = eps.turn_potentials
   after = jnp.concatenate([phi, jnp.zeros_like(phi[:, :1])], axis=1)  # not live: 0
@@ -212,7 +215,12 @@ def make(config, model: zoo.Model):
 
 
 def _check_credit(config, env) -> float | None:
-  """Refuses turn-level credit the environment cannot serve; the shaping discount or None."""
+  """Refuses turn-level credit the environment cannot serve; the shaping discount or None.
+
+  The shaping's discount is the credit's own: GRPO's turn_credit.gamma, PPO's
+  turn_gamma (gae_level "turn" or "bilevel"); PPO's token-level GAE discounts
+  tokens, not turns, so it takes shaping only undiscounted (gamma = 1).
+  """
   tc = config.get("turn_credit", None)
   if tc is not None and tc.name == "gigpo" and not hasattr(env, "state_key"):
     raise ValueError(f"turn_credit 'gigpo' groups turns by environment state; {config.env!r} "
@@ -222,7 +230,15 @@ def _check_credit(config, env) -> float | None:
   if not hasattr(env, "potential"):
     raise ValueError(f"potential_shaping needs the environment's potential; {config.env!r} "
                      "has none")
-  return float(tc.gamma) if tc is not None else 1.0
+  level = config.get("gae_level", None)  # PPO's
+  if level is None:
+    return float(tc.gamma) if tc is not None else 1.0
+  if level != "token":
+    return float(config.turn_gamma)
+  if config.gamma != 1:
+    raise ValueError("potential_shaping discounts per turn, PPO's gae_level 'token' per token: "
+                     f"use gamma=1 with it (got {config.gamma}) or gae_level 'turn'/'bilevel'")
+  return 1.0
 
 
 def _make_host(config, model: zoo.Model, env):

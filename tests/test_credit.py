@@ -244,19 +244,23 @@ def test_policy_token_gae_on_one_turn_is_plain_gae():
 def test_turn_level_gae_hand_values():
   adv, ret = credit.turn_level_gae(_TURN_REWARDS, _VALUES, _TURN_ID, _MASK, _TURN_MASK,
                                    gamma=0.9, lam=0.8)
-  # V_0 = 0.3, V_1 = 0.5 (each turn's last token). delta_1 = 2 - 0.5 = 1.5;
-  # delta_0 = 1 + 0.9 * 0.5 - 0.3 = 1.15; A_0 = 1.15 + 0.72 * 1.5 = 2.23.
-  np.testing.assert_allclose(_np(adv)[0], [0, 0, 2.23, 2.23, 2.23, 0, 0, 1.5, 1.5, 0],
+  # V_0 = 0.1, V_1 = 0.4 (each turn's first token). delta_1 = 2 - 0.4 = 1.6;
+  # delta_0 = 1 + 0.9 * 0.4 - 0.1 = 1.26; A_0 = 1.26 + 0.72 * 1.6 = 2.412.
+  np.testing.assert_allclose(_np(adv)[0], [0, 0, 2.412, 2.412, 2.412, 0, 0, 1.6, 1.6, 0],
                              rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(_np(ret)[0], [0, 0, 2.53, 2.53, 2.53, 0, 0, 2.0, 2.0, 0],
+  np.testing.assert_allclose(_np(ret)[0], [0, 0, 2.512, 2.512, 2.512, 0, 0, 2.0, 2.0, 0],
                              rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      _np(credit.turn_values(_VALUES, _TURN_ID, _MASK, 2, at="last")), [[0.3, 0.5]])
 
 
 def test_bilevel_gae_hand_values():
   adv, ret = credit.bilevel_gae(_TURN_REWARDS, _VALUES, _TURN_ID, _MASK, _TURN_MASK, gamma=1.0,
                                 lam=1.0, turn_gamma=0.9, turn_lam=0.8)
-  # Turn returns G_0 = 2.53, G_1 = 2.0 (above); with gamma = lam = 1 inside a turn every
-  # token's advantage is G_k - V_t, and its return is G_k.
+  # The turn level with V_k at each turn's last token: V_0 = 0.3, V_1 = 0.5, delta_1 = 1.5,
+  # delta_0 = 1 + 0.9 * 0.5 - 0.3 = 1.15, A_0 = 1.15 + 0.72 * 1.5 = 2.23: returns
+  # G_0 = 2.53, G_1 = 2.0. With gamma = lam = 1 inside a turn every token's advantage is
+  # G_k - V_t, and its return is G_k.
   np.testing.assert_allclose(_np(adv)[0], [0, 0, 2.43, 2.33, 2.23, 0, 0, 1.6, 1.5, 0],
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(_np(ret)[0], [0, 0, 2.53, 2.53, 2.53, 0, 0, 2.0, 2.0, 0],

@@ -109,6 +109,27 @@ def test_pushes_and_blocks_by_hand(tok):
   assert int(env.state_key(state)) != int(env.state_key(out.state))
 
 
+def test_state_keys_tell_box_layouts_apart(tok):
+  """Two boxes on squares {8, 15} or {9, 14} (the same index sum), the player anywhere: every
+  layout of up to two boxes and a player in a 6x6 room gets its own non-negative key."""
+  env = envs.make("sokoban", tok, boxes=2)
+  inner = [r * 6 + c for r in range(1, 5) for c in range(1, 5)]
+  pairs = [(a, b) for i, a in enumerate(inner) for b in inner[i + 1:]]
+  boxes = np.zeros((len(pairs), 36), bool)
+  for i, (a, b) in enumerate(pairs):
+    boxes[i, [a, b]] = True
+  keys = set()
+  for player in inner[:4]:
+    rooms = sokoban.Room(jnp.zeros((len(pairs), 6, 6), bool), jnp.zeros((len(pairs), 6, 6), bool),
+                         jnp.asarray(boxes.reshape(-1, 6, 6)),
+                         jnp.tile(jnp.asarray([player // 6, player % 6], jnp.int32),
+                                  (len(pairs), 1)))
+    k = np.asarray(jax.vmap(env.state_key)(rooms))
+    assert (k >= 0).all()
+    keys |= set(k.tolist())
+  assert len(keys) == 4 * len(pairs)
+
+
 def test_bad_options_are_refused(tok):
   with pytest.raises(ValueError, match="size"):
     envs.make("sokoban", tok, size=4)

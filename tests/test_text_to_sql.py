@@ -70,11 +70,32 @@ def test_the_connection_refuses_writes_even_without_the_check(sql, tmp_path, mon
   assert _digest(env.dir) == before and not os.path.exists(evil)
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT " + "(" * 300 + "1" + ")" * 300, "SELECT " + "(" * 5000,
+    "SELECT name FROM employees WHERE " + " AND ".join(["(1 = 1)"] * 200)])
+def test_deep_or_long_queries_are_refused_not_crashed(sql):
+  env = envs.make("text_to_sql", None, databases=1)
+  ep = env.episode(env.sample_task(np.random.default_rng(0)))
+  out = ep.step(f"<sql>{sql}</sql>")
+  assert out.info["refused"] == 1.0 and out.obs.startswith("Error: ") and not out.done
+
+
+def test_a_query_cannot_build_a_huge_value():
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  for sql in ("SELECT zeroblob(30000000)", "SELECT length(randomblob(30000000))",
+              "SELECT length(zeroblob(60000) || zeroblob(60000))"):
+    with pytest.raises(sqlite3.Error, match="too big"):
+      text_to_sql.run_query(path, sql)
+  _, rows = text_to_sql.run_query(path, "SELECT printf('%.*c', 30000000, 'x')")
+  assert rows == [(None,)]  # printf gives NULL past the limit
+
+
 def test_a_runaway_query_is_interrupted_at_its_time_limit():
   env = envs.make("text_to_sql", None, databases=1)
   path, _ = env.database(0)
   start = time.monotonic()
-  with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+  with pytest.raises(sqlite3.OperationalError, match="time limit of 0.3 s"):
     text_to_sql.run_query(path, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"
                           " SELECT COUNT(*) FROM c", time_limit_s=0.3)
   assert time.monotonic() - start < 2.0

@@ -114,21 +114,31 @@ def test_gigpo_adds_the_step_group_advantage_of_turns_from_one_state(played):
   np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-5, atol=1e-5)
 
 
-def test_potential_shaping_telescopes_and_leaves_episode_advantages_alone(played):
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_potential_shaping_telescopes_and_leaves_episode_advantages_alone(played, gamma):
   tok, env, eps = played
   plain = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
-  shaped = env_loop.to_rollout(tok, eps, ["x"] * P * G, G, shaping_gamma=1.0)
-  # phi(s_0) = -1 (two bits missing of two), the terminal state's is 0: return + 1.
-  np.testing.assert_allclose(shaped.rewards, plain.rewards + 1.0, rtol=1e-6)
+  shaped = env_loop.to_rollout(tok, eps, ["x"] * P * G, G, shaping_gamma=gamma)
+  # The episode rewards (GRPO's group advantage) are the returns, shaped or not.
+  np.testing.assert_array_equal(shaped.rewards, plain.rewards)
   np.testing.assert_array_equal(shaped.components["return"], plain.rewards)
   _, a_plain, _ = grpo.group_advantages(_settings("episode"), plain)
   _, a_shaped, _ = grpo.group_advantages(_settings("episode"), shaped)
-  np.testing.assert_allclose(np.asarray(a_shaped), np.asarray(a_plain), atol=1e-5)
-  # Per turn: r_k + phi(s_{k+1}) - phi(s_k), by hand from the recorded potentials.
+  np.testing.assert_array_equal(np.asarray(a_shaped), np.asarray(a_plain))
+  # Per turn: r_k + gamma phi(s_{k+1}) - phi(s_k), by hand from the recorded potentials.
   phi, live = np.asarray(eps.turn_potentials), np.asarray(eps.traj.turn_mask)
   after = np.concatenate([phi[:, 1:], np.zeros((P * G, 1))], axis=1)
-  want = np.where(live, np.asarray(eps.traj.turn_rewards) + after - phi, 0.0)
+  want = np.where(live, np.asarray(eps.traj.turn_rewards) + gamma * after - phi, 0.0)
   np.testing.assert_allclose(np.asarray(shaped.traj.turn_rewards), want, atol=1e-6)
+  # The discounted shaped return from the first turn is the discounted return - phi(s_0):
+  # phi(s_0) = -1 (two bits missing of two), the terminal state's is 0.
+  rewards = np.asarray(eps.traj.turn_rewards)
+  discount = gamma ** np.arange(K)
+  np.testing.assert_allclose((want * discount).sum(1), (rewards * discount).sum(1) + 1.0,
+                             rtol=1e-5)
+  if gamma == 1.0:
+    np.testing.assert_allclose(shaped.components["shaped_return"], plain.rewards + 1.0,
+                               rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -169,6 +179,17 @@ def test_turn_credit_is_refused_where_it_cannot_apply():
   tool.turn_credit.name, tool.potential_shaping = "episode", True
   with pytest.raises(ValueError, match="potential"):
     env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+  # The shaping's discount is the credit's: GRPO's turn_credit.gamma, PPO's turn_gamma.
+  from experiments.configs import ppo_frozen_lake
+
+  lake = envs.make("frozen_lake", zoo.load("tiny").tokenizer)
+  assert env_loop._check_credit(grpo_guess_number.get_config("tiny"), lake) is None
+  ppo_config = ppo_frozen_lake.get_config("tiny")
+  ppo_config.turn_gamma = 0.8
+  assert env_loop._check_credit(ppo_config, lake) == 0.8
+  ppo_config.gae_level, ppo_config.gamma = "token", 0.99
+  with pytest.raises(ValueError, match="use gamma=1"):
+    env_loop._check_credit(ppo_config, lake)
 
 
 @pytest.mark.slow

@@ -34,9 +34,9 @@ def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, opti
   c.turn_credit = ml_collections.ConfigDict(dict(name="episode", gamma=1.0, step_weight=1.0))
   # Add gamma phi(s') - phi(s) to each turn's reward (the environment's potential).
   c.potential_shaping = False
-  # The update computes vocabulary logits for every column after the prompt, the
-  # environment's included (K x (reply + answer) columns): four minibatches keep
-  # SmolLM2's update within a few GB (one batch of 32 calculator episodes asked
-  # for 31 GB).
+  # The update runs the model over every column of the history (K x (reply + answer)),
+  # with vocabulary logits at the replies' only: four minibatches keep SmolLM2's update
+  # within a few GB (one batch of 32 calculator episodes asked for 31 GB when every
+  # column had logits).
   c.minibatches = 1 if tiny else 4
   return c

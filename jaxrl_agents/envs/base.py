@@ -40,6 +40,7 @@ time, never eval it).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -253,3 +254,34 @@ def last_between(text: str, opening: str, closing: str) -> str | None:
     return None
   start = text.rfind(opening, 0, end)
   return None if start < 0 else text[start + len(opening):end]
+
+
+def grid(cells: Tokens, kinds: jax.Array, rows: int, line_end: Tokens) -> Tokens:
+  """A text grid from pieces: `kinds` int[rows * cols] picks each square's piece of
+  `cells` (row-major), and every row ends with `line_end`'s one piece. One flat
+  block of tokens, padding inside (`concat` packs it)."""
+  squares = row(cells, kinds)  # [rows * cols, W]
+  ends = jax.tree.map(lambda x: jnp.broadcast_to(x, (rows,) + x.shape[1:]), line_end)
+  lines = Tokens(*(jnp.concatenate([sq.reshape(rows, -1), end], axis=1)
+                   for sq, end in zip(squares, ends, strict=True)))
+  return Tokens(lines.ids.reshape(-1), lines.mask.reshape(-1))
+
+
+def multiset_f1(predicted: collections.Counter, gold: collections.Counter) -> float:
+  """F1 of two multisets (1 when both are empty)."""
+  overlap = sum((predicted & gold).values())
+  if not overlap:
+    return float(not predicted and not gold)
+  precision, recall = overlap / sum(predicted.values()), overlap / sum(gold.values())
+  return 2 * precision * recall / (precision + recall)
+
+
+_FIRST_NAMES = ("Ada", "Bram", "Cleo", "Dov", "Esme", "Fenn", "Gala", "Hugo", "Ines", "Jory",
+                "Kaia", "Lior", "Mira", "Nils", "Orla", "Pim", "Quin", "Rhea", "Soren", "Tova")
+_LAST_NAMES = ("Ashdown", "Brindle", "Corrow", "Dunmere", "Elwick", "Farrow", "Gantry",
+               "Holloway", "Ivers", "Jessop", "Kestrel", "Lowther")
+
+
+def invented_names() -> list[str]:
+  """240 invented full names, for the generated worlds of host environments."""
+  return [f"{a} {b}" for a in _FIRST_NAMES for b in _LAST_NAMES]

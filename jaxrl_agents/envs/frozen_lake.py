@@ -29,7 +29,7 @@ from jaxrl_agents import registry
 from jaxrl_agents.envs import base
 
 MOVES = ("left", "down", "right", "up")  # Gymnasium's action order
-_DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)
+DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)
 ICE, HOLE, GOAL, AGENT = range(4)
 WENT, BUMPED, FELL, REACHED, INVALID = 0, 4, 5, 6, 7  # status pieces (WENT + move)
 CLASSIC = ("SFFF", "FHFH", "FFFH", "HFFG")  # Gymnasium's 4x4 map
@@ -96,12 +96,7 @@ class FrozenLake:
   def _grid(self, holes: jax.Array, pos: jax.Array) -> base.Tokens:
     n = self.size
     kind = jnp.where(holes, HOLE, ICE).reshape(-1).at[n * n - 1].set(GOAL).at[pos].set(AGENT)
-    cells = base.row(self.cells, kind)  # [n*n, Wc]
-    line = lambda x: x.reshape(n, -1)
-    newline = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), self.newline)
-    rows = base.Tokens(*(jnp.concatenate([line(c), nl], axis=1)
-                         for c, nl in zip(cells, newline, strict=True)))
-    return base.Tokens(rows.ids.reshape(-1), rows.mask.reshape(-1))
+    return base.grid(self.cells, kind, n, self.newline)
 
   def reset(self, key: jax.Array, task: jax.Array) -> tuple[State, base.Tokens]:
     state = State(holes=jnp.asarray(task, bool), pos=jnp.int32(0), key=key)
@@ -115,7 +110,7 @@ class FrozenLake:
     if self.slippery:
       move = (move + jax.random.randint(slip_key, (), -1, 2)) % 4
     row, col = state.pos // n, state.pos % n
-    delta = jnp.asarray(_DELTAS)[move]
+    delta = jnp.asarray(DELTAS)[move]
     to_row, to_col = jnp.clip(row + delta[0], 0, n - 1), jnp.clip(col + delta[1], 0, n - 1)
     pos = jnp.where(found, to_row * n + to_col, state.pos)
     fell = found & state.holes.reshape(-1)[pos]

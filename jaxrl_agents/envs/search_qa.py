@@ -38,10 +38,6 @@ MAX_QUERY_CHARS = 200
 
 _SYLLABLES = ("zor", "vex", "qua", "lin", "dra", "mor", "tel", "kai", "bru", "nex", "osh", "pel",
               "rin", "sab", "tov", "ul", "wex", "yar")
-_FIRST = ("Ada", "Bram", "Cleo", "Dov", "Esme", "Fenn", "Gala", "Hugo", "Ines", "Jory", "Kaia",
-          "Lior", "Mira", "Nils", "Orla", "Pim", "Quin", "Rhea", "Soren", "Tova")
-_LAST = ("Ashdown", "Brindle", "Corrow", "Dunmere", "Elwick", "Farrow", "Gantry", "Holloway",
-         "Ivers", "Jessop", "Kestrel", "Lowther")
 _JOBS = ("engineer", "chemist", "painter", "sailor", "baker", "architect", "pilot", "teacher")
 _PRODUCTS = ("glass kettles", "wind clocks", "paper boats", "salt lamps", "copper bells",
              "wool maps", "clay drums", "silk kites", "stone pens", "tin lanterns")
@@ -58,7 +54,7 @@ def generate_knowledge_base(seed: int) -> dict[str, list[dict]]:
   city_names = sorted({_word(rng, 2).capitalize() + " " + ("Bay", "Ford", "Hill")[i % 3]
                        for i in range(12)})
   cities = [{"name": n, "river": _RIVERS[rng.integers(len(_RIVERS))]} for n in city_names]
-  names = [f"{a} {b}" for a in _FIRST for b in _LAST]
+  names = base.invented_names()
   people = [{"name": names[i], "job": _JOBS[rng.integers(len(_JOBS))],
              "city": city_names[rng.integers(len(city_names))]}
             for i in rng.choice(len(names), 24, replace=False)]
@@ -100,13 +96,8 @@ def normalize(text: str) -> str:
 
 def answer_f1(predicted: str, gold: str) -> float:
   """Token F1 of two normalized answers."""
-  p, g = collections.Counter(normalize(predicted).split()), collections.Counter(
-      normalize(gold).split())
-  overlap = sum((p & g).values())
-  if not overlap:
-    return float(not p and not g)
-  precision, recall = overlap / sum(p.values()), overlap / sum(g.values())
-  return 2 * precision * recall / (precision + recall)
+  return base.multiset_f1(collections.Counter(normalize(predicted).split()),
+                          collections.Counter(normalize(gold).split()))
 
 
 class Index:

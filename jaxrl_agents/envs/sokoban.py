@@ -29,9 +29,8 @@ import numpy as np
 
 from jaxrl_agents import registry
 from jaxrl_agents.envs import base
-from jaxrl_agents.envs.frozen_lake import MOVES
+from jaxrl_agents.envs.frozen_lake import DELTAS, MOVES
 
-_DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)  # MOVES' order
 FLOOR, WALL, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = range(7)
 WENT, BUMPED, SOLVED, INVALID = 0, 4, 5, 6  # status pieces (WENT + move)
 
@@ -46,7 +45,7 @@ class Room(NamedTuple):
 def _step_from(room: Room, move: jax.Array) -> tuple[Room, jax.Array]:
   """The room after a forward move (a push when a box is in the way), and whether anything
   moved."""
-  delta = jnp.asarray(_DELTAS)[move]
+  delta = jnp.asarray(DELTAS)[move]
   n = room.walls.shape[0]
   ahead = jnp.clip(room.player + delta, 0, n - 1)
   beyond = jnp.clip(room.player + 2 * delta, 0, n - 1)
@@ -63,7 +62,7 @@ def _step_from(room: Room, move: jax.Array) -> tuple[Room, jax.Array]:
 def _pull(room: Room, key: jax.Array) -> Room:
   """One backward move: the player steps at random; a box behind it may come along."""
   move_key, pull_key = jax.random.split(key)
-  delta = jnp.asarray(_DELTAS)[jax.random.randint(move_key, (), 0, 4)]
+  delta = jnp.asarray(DELTAS)[jax.random.randint(move_key, (), 0, 4)]
   n = room.walls.shape[0]
   ahead = jnp.clip(room.player + delta, 0, n - 1)
   behind = jnp.clip(room.player - delta, 0, n - 1)
@@ -125,6 +124,8 @@ class Sokoban:
     grid_width = size * (size * self.cells.ids.shape[-1] + self.newline.ids.shape[-1])
     self.obs_width = self.status.ids.shape[-1] + grid_width
     self.reader = base.keyword_reader(tokenizer, MOVES)
+    codes = np.random.default_rng(0).integers(0, 2**31, size=(2, size * size))
+    self._box_codes, self._player_codes = (jnp.asarray(c, jnp.int32) for c in codes)
 
   def sample_task(self, key: jax.Array) -> Room:
     """The first of `candidates` generated rooms that is not already solved."""
@@ -139,11 +140,7 @@ class Sokoban:
         room.targets, BOX_ON_TARGET, BOX), jnp.where(room.targets, TARGET, FLOOR)))
     r, c = room.player[0], room.player[1]
     kind = kind.at[r, c].set(jnp.where(room.targets[r, c], PLAYER_ON_TARGET, PLAYER))
-    cells = base.row(self.cells, kind.reshape(-1))
-    newline = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), self.newline)
-    rows = base.Tokens(*(jnp.concatenate([c.reshape(n, -1), nl], axis=1)
-                         for c, nl in zip(cells, newline, strict=True)))
-    return base.Tokens(rows.ids.reshape(-1), rows.mask.reshape(-1))
+    return base.grid(self.cells, kind.reshape(-1), n, self.newline)
 
   def reset(self, key: jax.Array, task: Room) -> tuple[Room, base.Tokens]:
     del key  # the task is the room
@@ -164,10 +161,11 @@ class Sokoban:
               "stuck": (found & ~moved).astype(jnp.float32)})
 
   def state_key(self, state: Room) -> jax.Array:
-    n = self.size
-    cells = jnp.arange(n * n, dtype=jnp.int32)
-    boxes = jnp.sum(jnp.where(state.boxes.reshape(-1), (cells + 1) * 1_000_003, 0))
-    return boxes * 31 + state.player[0] * n + state.player[1]
+    """Zobrist hash of the player's and the boxes' squares, in [0, 2^31)."""
+    boxes = jax.lax.reduce(jnp.where(state.boxes.reshape(-1), self._box_codes, 0), 0,
+                           jax.lax.bitwise_xor, (0,))
+    player = self._player_codes[state.player[0] * self.size + state.player[1]]
+    return (boxes ^ player) & 0x7FFFFFFF
 
   def potential(self, state: Room) -> jax.Array:
     n = self.size

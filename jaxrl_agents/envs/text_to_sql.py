@@ -48,6 +48,8 @@ from jaxrl_agents.envs import base
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 MAX_SQL_CHARS = 2000
+MAX_NESTING = 20  # parentheses deep (sqlglot's parser recurses on them)
+MAX_VALUE_BYTES = 100_000  # the longest string or blob a query may build (SQLITE_LIMIT_LENGTH)
 MAX_ROWS = 10  # shown by the tool
 MAX_ANSWER_ROWS = 1000  # compared for an answer (a database holds at most 40 rows a table)
 MAX_CELL_CHARS = 40
@@ -67,10 +69,6 @@ SCHEMA = """CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT, departmen
 CREATE TABLE projects (id INTEGER PRIMARY KEY, title TEXT, department TEXT, budget INTEGER,
   lead_id INTEGER REFERENCES employees(id));"""
 
-_FIRST = ("Ada", "Bram", "Cleo", "Dov", "Esme", "Fenn", "Gala", "Hugo", "Ines", "Jory", "Kaia",
-          "Lior", "Mira", "Nils", "Orla", "Pim", "Quin", "Rhea", "Soren", "Tova")
-_LAST = ("Ashdown", "Brindle", "Corrow", "Dunmere", "Elwick", "Farrow", "Gantry", "Holloway",
-         "Ivers", "Jessop", "Kestrel", "Lowther")
 DEPARTMENTS = ("Research", "Sales", "Support", "Design", "Finance", "Legal")
 CITIES = ("Avalon", "Brightwater", "Cobalt Bay", "Dunmore", "Elmstead")
 _PROJECT_WORDS = ("Atlas", "Beacon", "Cinder", "Delta", "Ember", "Falcon", "Granite", "Harbor",
@@ -85,10 +83,17 @@ def check_select(sql: str) -> None:
   """Raises SqlRefused unless `sql` is one SELECT query that changes nothing."""
   if len(sql) > MAX_SQL_CHARS:
     raise SqlRefused(f"the query is longer than {MAX_SQL_CHARS} characters")
+  depth = deepest = 0
+  for ch in sql:  # one pass: the parser recurses on nesting
+    depth += (ch == "(") - (ch == ")")
+    deepest = max(deepest, depth)
+  if deepest > MAX_NESTING:
+    raise SqlRefused(f"the query nests parentheses more than {MAX_NESTING} deep")
   try:
     statements = [s for s in sqlglot.parse(sql, read="sqlite") if s is not None]
-  except sqlglot.errors.SqlglotError as e:
-    raise SqlRefused(f"the query does not parse ({str(e).splitlines()[0][:120]})") from None
+  except (sqlglot.errors.SqlglotError, RecursionError, ValueError) as e:
+    reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    raise SqlRefused(f"the query does not parse ({reason})") from None
   if len(statements) != 1:
     raise SqlRefused(f"write exactly one statement (got {len(statements)})")
   tree = statements[0]
@@ -116,10 +121,22 @@ def run_query(path: str, sql: str, *, max_rows: int = MAX_ROWS,
   conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
   try:
     conn.set_authorizer(_authorize)
+    # printf('%.*c', ...), zeroblob() and friends build a value in one step, which the
+    # progress handler cannot interrupt: cap the size of any value instead.
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     deadline = time.monotonic() + time_limit_s
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-    cursor = conn.execute(sql)
-    rows = cursor.fetchmany(max_rows + 1)
+    try:
+      cursor = conn.execute(sql)
+      rows = cursor.fetchmany(max_rows + 1)
+    except sqlite3.OperationalError as e:
+      if str(e) == "interrupted":
+        raise sqlite3.OperationalError(
+            f"the query ran past its time limit of {time_limit_s:g} s") from None
+      if str(e).startswith("not authorized"):
+        raise sqlite3.OperationalError(
+            f"only reading the tables is allowed ({e})") from None
+      raise
     return [d[0] for d in cursor.description or ()], rows
   finally:
     conn.close()
@@ -146,14 +163,8 @@ def _key(row: tuple) -> tuple:
 
 def partial_match(predicted: list[tuple], gold: list[tuple]) -> float:
   """F1 of two results' rows as multisets (floats compared to 6 decimals)."""
-  if not predicted and not gold:
-    return 1.0
-  p, g = collections.Counter(map(_key, predicted)), collections.Counter(map(_key, gold))
-  overlap = sum((p & g).values())
-  if overlap == 0:
-    return 0.0
-  precision, recall = overlap / sum(p.values()), overlap / sum(g.values())
-  return 2 * precision * recall / (precision + recall)
+  return base.multiset_f1(collections.Counter(map(_key, predicted)),
+                          collections.Counter(map(_key, gold)))
 
 
 def execution_match(predicted: list[tuple], gold: list[tuple], ordered: bool) -> bool:
@@ -165,7 +176,7 @@ def execution_match(predicted: list[tuple], gold: list[tuple], ordered: bool) ->
 def generate_database(seed: int) -> dict[str, list[tuple]]:
   """The rows of database `seed`: 40 employees and 15 projects, from the seed alone."""
   rng = np.random.default_rng(seed)
-  names = [f"{a} {b}" for a in _FIRST for b in _LAST]
+  names = base.invented_names()
   picked = rng.choice(len(names), 40, replace=False)
   employees = [(i + 1, names[n], DEPARTMENTS[rng.integers(len(DEPARTMENTS))],
                 CITIES[rng.integers(len(CITIES))], int(rng.integers(30, 151)) * 1000,
@@ -294,8 +305,14 @@ class TextToSql:
     return os.path.join(self.dir, f"company_{seed}.sqlite")
 
   def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
+    """A question whose gold result is not empty (else any empty query would score)."""
     seed = int(rng.integers(self.databases))
-    question, gold = make_question(self.database(seed)[1], rng)
+    path, tables = self.database(seed)
+    for _ in range(100):
+      question, gold = make_question(tables, rng)
+      _, rows = run_query(path, gold, max_rows=1)
+      if rows and rows[0][0] is not None:
+        break
     return {"db": seed, "question": question, "gold": gold}
 
   def episode(self, task: dict[str, Any]) -> SqlEpisode:

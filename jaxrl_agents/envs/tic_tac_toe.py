@@ -80,11 +80,7 @@ class TicTacToe:
 
   def _render(self, state: State, agent_x: jax.Array) -> base.Tokens:
     cells = jax.tree.map(lambda a, b: jnp.where(agent_x, a, b), *self.cells)
-    pieces = base.row(cells, jnp.arange(9) * 3 + self._board(state))  # [9, Wc]
-    row_end = jax.tree.map(lambda x: jnp.broadcast_to(x, (3,) + x.shape[1:]), self.row_end)
-    rows = base.Tokens(*(jnp.concatenate([p.reshape(3, -1), e], axis=1)
-                         for p, e in zip(pieces, row_end, strict=True)))
-    return base.Tokens(rows.ids.reshape(-1), rows.mask.reshape(-1))
+    return base.grid(cells, jnp.arange(9) * 3 + self._board(state), 3, self.row_end)
 
   def _opponent_move(self, game: pgx.State, key: jax.Array) -> jax.Array:
     legal = game.legal_action_mask

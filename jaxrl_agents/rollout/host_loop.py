@@ -279,8 +279,10 @@ def _finish(ids, mask, records: list[dict], num_turns: int, fails: _Failures) ->
                          jax.tree.map(lambda *xs: jnp.stack(xs), *records), group_size=1)
   # An episode the environment broke teaches nothing: out of the loss, reward 0.
   keep = jnp.asarray(~fails.failed)
+  # Its turns leave turn-level statistics too (group means, GiGPO's step groups).
   traj = eps.traj.replace(policy_mask=eps.traj.policy_mask & keep[:, None],
-                          turn_rewards=jnp.where(keep[:, None], eps.traj.turn_rewards, 0.0))
+                          turn_rewards=jnp.where(keep[:, None], eps.traj.turn_rewards, 0.0),
+                          turn_mask=eps.traj.turn_mask & keep[:, None])
   counters = {**fails.counters, "env_calls_stuck": stuck_calls()}
   return HostEpisodes(eps._replace(traj=traj), counters, fails.failed.copy(), fails.why,
                       eps.traj)
