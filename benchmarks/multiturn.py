@@ -7,11 +7,16 @@ For each model, B = --batch episodes of guess-the-number (numbers 1-16, at
 most --turns turns of --reply-tokens tokens, temperature 1) played two ways
 with the same key: `multiturn.rollout` (one jitted program, a scan over all K
 turns) and `multiturn.rollout_by_turn` (one jitted program per turn, the loop
-in Python, stopping when every episode has finished: the shape the host loop
-for tool environments has). Both must produce the same episodes; the script
-checks it. Reported: episodes/s and environment steps/s (turns played) of the
-best of --repeats calls after a warm-up, compile time (the warm-up's excess)
-apart. The last line of output is one JSON object.
+in Python, stopping when every episode has finished). Both must produce the
+same episodes; the script checks it. A third way plays the same game as a host
+environment (`guess_number_host`) through `rollout/host_loop.py`, the loop for
+tools: replies decoded to text, environments stepped in Python threads, their
+answers tokenized; it reports how many of its episodes equal the scan's token
+for token (its own prompt padding changes float rounding, so a sampled token
+can flip on a near-tie).
+Reported: episodes/s and environment steps/s (turns played) of the best of
+--repeats calls after a warm-up, compile time (the warm-up's excess) apart.
+The last line of output is one JSON object.
 
 The update's side: the loss and gradient of the policy's log-probabilities
 and entropies on --update-rows of those episodes, with vocabulary logits for
@@ -35,7 +40,7 @@ import cpu_info
 from jaxrl_agents import envs
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import multiturn, scoring
+from jaxrl_agents.rollout import host_loop, multiturn, scoring
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 
@@ -79,9 +84,40 @@ def bench_model(name: str, args) -> dict:
   same = all(bool(jnp.array_equal(a, b)) for a, b in zip(
       jax.tree.leaves(results["scan"]), jax.tree.leaves(results["by_turn"]), strict=True))
   row["same_episodes"] = same
+  if args.env == "guess_number":
+    row["host_loop"] = bench_host_loop(name, model, tasks, results["scan"], args)
   row["scan_over_by_turn"] = round(row["by_turn"]["seconds"] / row["scan"]["seconds"], 2)
   row["update"] = bench_update(name, model, results["scan"].traj, args)
   return row
+
+
+def bench_host_loop(name: str, model, tasks, scanned, args) -> dict:
+  """The same game as a host environment through `host_loop.rollout`: decode to text, step
+  in Python threads, tokenize the answers; checked to play the scan's episodes."""
+  tok = model.tokenizer
+  env = envs.make("guess_number_host", tok, low=1, high=16)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=args.reply_tokens, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  _, play_rng = jax.random.split(jax.random.key(2))  # the scan's turn keys
+  jax_env = envs.make("guess_number", tok, low=1, high=16)
+  compile_s, best, out = timed(lambda: host_loop.rollout(
+      model.params, model.cfg, tok, env, np.asarray(tasks).tolist(), play_rng, sampling,
+      group_size=args.group_size, num_turns=args.turns, obs_tokens=jax_env.obs_width,
+      step_timeout_s=30.0).episodes, args.repeats)
+  steps = int(np.asarray(out.turns).sum())
+  a, b = scanned.traj, out.traj
+  # The host loop pads prompts to its own width, so attention's float rounding differs
+  # from the scan's: a sampled token can flip where two are nearly tied.
+  same = sum(np.asarray(a.tokens)[i][np.asarray(a.valid)[i]].tolist() ==
+             np.asarray(b.tokens)[i][np.asarray(b.valid)[i]].tolist()
+             for i in range(args.batch))
+  print(f"{name:24s} {'host':8s} {best:7.3f} s  {args.batch / best:8.2f} episodes/s  "
+        f"{steps / best:8.2f} env steps/s  (compile {compile_s:.1f} s)", flush=True)
+  return {"seconds": round(best, 3), "compile_s": round(compile_s, 1),
+          "episodes_per_s": round(args.batch / best, 2),
+          "env_steps_per_s": round(steps / best, 2), "env_steps": steps,
+          "episodes_equal_to_scan": int(same)}
 
 
 def bench_update(name: str, model, traj, args) -> dict:

@@ -3,7 +3,6 @@ calculator tool under hostile calls."""
 
 import json
 import os
-import re
 import time
 import types as types_module
 
@@ -31,38 +30,6 @@ def _sampling(tok, temperature=1.0, n=4):
                                     pad_id=tok.pad_token_id)
 
 
-class HostGuess:
-  """guess_number written as a host environment, with the JAX one's texts and rules."""
-
-  host = True
-
-  def __init__(self, jax_env):
-    self.jax_env = jax_env
-
-  def episode(self, target):
-    return _GuessEpisode(int(target), self.jax_env.low, self.jax_env.high)
-
-
-class _GuessEpisode:
-  def __init__(self, target, low, high):
-    self.target, self.low, self.high = target, low, high
-
-  def reset(self):
-    return (f"I am thinking of a whole number from {self.low} to {self.high}. Guess it: answer "
-            "with just the number, and I will tell you whether mine is higher or lower.")
-
-  def step(self, reply):
-    numbers = re.findall(r"[0-9]+", reply)
-    if not numbers:
-      return base.HostStep(f"Answer with just a number from {self.low} to {self.high}.", 0.0,
-                           False, {"invalid": 1.0, "success": 0.0})
-    guess = int(numbers[-1])
-    if guess == self.target:
-      return base.HostStep("Correct!", 1.0, True, {"invalid": 0.0, "success": 1.0})
-    return base.HostStep("Higher." if guess < self.target else "Lower.", 0.0, False,
-                         {"invalid": 0.0, "success": 0.0})
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_host_loop_plays_the_episodes_the_scan_plays(tiny, temperature):
   tok = tiny.tokenizer
@@ -73,7 +40,8 @@ def test_the_host_loop_plays_the_episodes_the_scan_plays(tiny, temperature):
   scanned = multiturn.rollout(tiny.params, tiny.cfg, jax_env, template, tasks, rng, sampling,
                               group_size=1, num_turns=3)
   reset_rng, play_rng = jax.random.split(rng)  # the scan's split: the same turn keys
-  hosted = host_loop.rollout(tiny.params, tiny.cfg, tok, HostGuess(jax_env), tasks.tolist(),
+  host_env = envs.make("guess_number_host", tok, low=1, high=4)
+  hosted = host_loop.rollout(tiny.params, tiny.cfg, tok, host_env, tasks.tolist(),
                              play_rng, sampling, group_size=1, num_turns=3,
                              obs_tokens=jax_env.obs_width, step_timeout_s=30.0)
   a, b = scanned.traj, hosted.episodes.traj

@@ -8,6 +8,7 @@ See `envs.base` for the protocol. Registered:
 | name          | what the agent does                                              |
 |---------------|------------------------------------------------------------------|
 | guess_number  | guesses a number in a range, told "higher" / "lower" each turn    |
+| guess_number_host | (host) the same game stepped in Python, to time the host loop  |
 | frozen_lake   | walks a text-grid lake to the goal around holes (slippery or not) |
 | tic_tac_toe   | plays tic-tac-toe (pgx) against a fixed opponent                  |
 | sokoban       | pushes boxes onto targets in small generated rooms (text grid)    |

@@ -13,10 +13,12 @@ turn and is told to answer with a number.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_agents import registry
 from jaxrl_agents.envs import base
@@ -36,9 +38,7 @@ class GuessNumber:
   """The environment (see the module docstring); `low`..`high` inclusive."""
 
   def __init__(self, tokenizer, *, low: int = 1, high: int = 16):
-    if not 0 <= low < high < base.NUMBER_CAP:
-      raise ValueError(f"guess_number needs 0 <= low < high < {base.NUMBER_CAP}, "
-                       f"got low={low}, high={high}")
+    self.check_range(low, high)
     self.low, self.high = low, high
     self.prompt = base.piece_table(tokenizer, [
         f"I am thinking of a whole number from {low} to {high}. Guess it: answer with just "
@@ -47,6 +47,12 @@ class GuessNumber:
         "Higher.", "Lower.", "Correct!", f"Answer with just a number from {low} to {high}."])
     self.obs_width = self.replies.ids.shape[-1]
     self.reader = base.number_reader(tokenizer)
+
+  @staticmethod
+  def check_range(low: int, high: int) -> None:
+    if not 0 <= low < high < base.NUMBER_CAP:
+      raise ValueError(f"guess_number needs 0 <= low < high < {base.NUMBER_CAP}, "
+                       f"got low={low}, high={high}")
 
   def sample_task(self, key: jax.Array) -> jax.Array:
     return jax.random.randint(key, (), self.low, self.high + 1, dtype=jnp.int32)
@@ -84,3 +90,49 @@ class GuessNumber:
 @registry.register("env", "guess_number")
 def make(tokenizer, **options) -> GuessNumber:
   return GuessNumber(tokenizer, **options)
+
+
+class HostGuessNumber:
+  """The same game as a host environment: the same texts and rules, stepped in Python on
+  the decoded reply (`rollout.host_loop`). It plays the episodes the scan plays, token for
+  token (tests/test_host_loop.py), so `benchmarks/multiturn.py` times the host loop
+  against the scan on one game."""
+
+  host = True
+
+  def __init__(self, tokenizer=None, *, low: int = 1, high: int = 16):
+    del tokenizer  # observations are text; the loop tokenizes them
+    GuessNumber.check_range(low, high)
+    self.low, self.high = low, high
+
+  def sample_task(self, rng: np.random.Generator) -> int:
+    return int(rng.integers(self.low, self.high + 1))
+
+  def episode(self, target) -> _HostEpisode:
+    return _HostEpisode(int(target), self.low, self.high)
+
+
+class _HostEpisode:
+  def __init__(self, target: int, low: int, high: int):
+    self.target, self.low, self.high = target, low, high
+
+  def reset(self) -> str:
+    return (f"I am thinking of a whole number from {self.low} to {self.high}. Guess it: "
+            "answer with just the number, and I will tell you whether mine is higher or lower.")
+
+  def step(self, reply: str) -> base.HostStep:
+    numbers = re.findall(r"[0-9]+", reply)  # linear; ASCII digits only, as the JAX reader
+    if not numbers:
+      return base.HostStep(f"Answer with just a number from {self.low} to {self.high}.", 0.0,
+                           False, {"invalid": 1.0, "success": 0.0})
+    digits = numbers[-1]
+    guess = base.NUMBER_CAP if len(digits) > 6 else int(digits)  # saturates, as last_number
+    if guess == self.target:
+      return base.HostStep("Correct!", 1.0, True, {"invalid": 0.0, "success": 1.0})
+    return base.HostStep("Higher." if guess < self.target else "Lower.", 0.0, False,
+                         {"invalid": 0.0, "success": 0.0})
+
+
+@registry.register("env", "guess_number_host")
+def make_host(tokenizer, **options) -> HostGuessNumber:
+  return HostGuessNumber(tokenizer, **options)
