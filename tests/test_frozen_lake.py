@@ -14,8 +14,6 @@ from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.envs import base, frozen_lake
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import multiturn
-from jaxrl_agents.rollout import sampler as sampler_lib
 
 WIDTH = 24
 
@@ -119,23 +117,6 @@ def test_bad_options_are_refused(tok):
     envs.make("frozen_lake", tok, hole_prob=1.0)
   with pytest.raises(ValueError, match="classic map is 4x4"):
     envs.make("frozen_lake", tok, size=5, classic=True)
-
-
-def test_episodes_in_the_scan_equal_those_driven_turn_by_turn():
-  model = zoo.load("tiny")
-  tok = model.tokenizer
-  env = envs.make("frozen_lake", tok, size=3, hole_prob=0.3, slippery=True)
-  sampling = sampler_lib.SamplingConfig(max_new_tokens=4, temperature=1.0,
-                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
-                                        pad_id=tok.pad_token_id)
-  tasks = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(0), 2))
-  template = multiturn.turn_template(tok)
-  args = (model.params, model.cfg, env, template, tasks, jax.random.key(4), sampling)
-  a = multiturn.rollout(*args, group_size=2, num_turns=3)
-  b = multiturn.rollout_by_turn(*args, group_size=2, num_turns=3)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  assert (np.asarray(a.turn_keys)[:, 0] == 0).all()  # every episode starts at the corner
 
 
 @pytest.mark.slow

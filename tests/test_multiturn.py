@@ -247,3 +247,22 @@ def test_reading_numbers_saturates_instead_of_wrapping_around():
     action = base.Tokens(jnp.asarray(ids), jnp.ones(len(ids), bool))
     value, found = base.last_number(reader, action)
     assert bool(found) and int(value) == expected, (ids, int(value))
+
+
+@pytest.mark.parametrize("name, options", [
+    ("guess_number", dict(low=1, high=16)), ("frozen_lake", dict(size=3, slippery=True)),
+    ("sokoban", dict(size=5, inner_walls=1)), ("tic_tac_toe", dict(opponent="random"))])
+def test_every_jax_environment_plays_the_same_episodes_scanned_and_turn_by_turn(tiny, name,
+                                                                                options):
+  """Each registered JAX-native environment inside the scan (vmapped, traced) against the same
+  turns driven from Python, with sampled replies and its random stream (slips, opponents)."""
+  tok = tiny.tokenizer
+  env = envs.make(name, tok, **options)
+  tasks = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(0), 2))
+  args = (tiny.params, tiny.cfg, env, multiturn.turn_template(tok), tasks, jax.random.key(4),
+          _sampling(tok, 1.0, n=4))
+  a = multiturn.rollout(*args, group_size=2, num_turns=3)
+  b = multiturn.rollout_by_turn(*args, group_size=2, num_turns=3)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  a.traj.check()

@@ -12,8 +12,6 @@ from jaxrl_agents import envs
 from jaxrl_agents.envs import base, sokoban
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import multiturn
-from jaxrl_agents.rollout import sampler as sampler_lib
 
 MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 
@@ -135,19 +133,3 @@ def test_bad_options_are_refused(tok):
     envs.make("sokoban", tok, size=4)
   with pytest.raises(ValueError, match="room to move"):
     envs.make("sokoban", tok, size=5, boxes=3, inner_walls=3)
-
-
-def test_episodes_in_the_scan_equal_those_driven_turn_by_turn():
-  model = zoo.load("tiny")
-  tok = model.tokenizer
-  env = envs.make("sokoban", tok)
-  sampling = sampler_lib.SamplingConfig(max_new_tokens=4, temperature=1.0,
-                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
-                                        pad_id=tok.pad_token_id)
-  tasks = jax.vmap(env.sample_task)(jax.random.split(jax.random.key(0), 2))
-  args = (model.params, model.cfg, env, multiturn.turn_template(tok), tasks,
-          jax.random.key(4), sampling)
-  a = multiturn.rollout(*args, group_size=2, num_turns=2)
-  b = multiturn.rollout_by_turn(*args, group_size=2, num_turns=2)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
