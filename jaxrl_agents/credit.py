@@ -335,13 +335,28 @@ def policy_token_gae(
     (advantages f32[B, T], returns f32[B, T]), 0 off the policy tokens.
   """
   check_bt(token_rewards=token_rewards, values=values, mask=mask)
+  return _gae_on_policy_tokens(token_rewards, values, mask, _episode_ends(mask),
+                               gamma, lam)
+
+
+def _episode_ends(mask: jax.Array) -> jax.Array:
+  """bool[B, T]: each row's last policy token (the episode ends there)."""
+  m = mask.astype(bool)
+  t = m.shape[1]
+  last = t - 1 - jnp.argmax(m[:, ::-1], axis=1)
+  return m & (jnp.arange(t)[None, :] == last[:, None])
+
+
+def _gae_on_policy_tokens(rewards, values, mask, dones, gamma, lam):
+  """GAE over each row's policy tokens in order, everything else skipped: the policy tokens
+  are moved to the front (a stable permutation), GAE runs there with `dones` (stream-aligned)
+  ending its recursions, and the advantages move back. (advantages, returns), 0 elsewhere."""
   m = mask.astype(bool)
   order, inverse = _policy_first(m)
   take = lambda x: jnp.take_along_axis(x, order, axis=1)
   pm = take(m)
-  last = pm & ~jnp.concatenate([pm[:, 1:], jnp.zeros_like(pm[:, :1])], axis=1)
-  adv, _ = _gae(jnp.where(pm, take(token_rewards), 0.0), jnp.where(pm, take(values), 0.0),
-                last | ~pm, gamma, lam)
+  adv, _ = _gae(jnp.where(pm, take(rewards), 0.0), jnp.where(pm, take(values), 0.0),
+                take(dones) | ~pm, gamma, lam)
   adv = jnp.where(m, jnp.take_along_axis(adv, inverse, axis=1), 0.0)
   return adv, jnp.where(m, adv + values, 0.0)
 
@@ -421,17 +436,11 @@ def bilevel_gae(
   """
   _, turn_returns_ = _turn_gae(turn_rewards, values, turn_id, mask, turn_mask,
                                gamma=turn_gamma, lam=turn_lam, at="last")
-  m = mask.astype(bool)
-  ends = _ends_of_turns(turn_id, m)
-  order, inverse = _policy_first(m)
-  take = lambda x: jnp.take_along_axis(x, order, axis=1)
-  pm, end = take(m), take(ends)
+  ends = _ends_of_turns(turn_id, mask)
   # The turn's return is the last token's reward, with values[last] subtracted back by
   # GAE's delta: r_last = G_k gives delta_last = G_k - V_last = A_k.
-  adv, _ = _gae(jnp.where(end, take(turn_returns_), 0.0), jnp.where(pm, take(values), 0.0),
-                end | ~pm, gamma, lam)
-  adv = jnp.where(m, jnp.take_along_axis(adv, inverse, axis=1), 0.0)
-  return adv, jnp.where(m, adv + values, 0.0)
+  return _gae_on_policy_tokens(jnp.where(ends, turn_returns_, 0.0), values, mask, ends,
+                               gamma, lam)
 
 
 def potential_based_shaping(

@@ -26,6 +26,16 @@ from jaxrl_agents.envs import base
 HIGHER, LOWER, CORRECT, INVALID = range(4)
 
 
+def prompt_text(low: int, high: int) -> str:
+  return (f"I am thinking of a whole number from {low} to {high}. Guess it: answer with just "
+          "the number, and I will tell you whether mine is higher or lower.")
+
+
+def reply_texts(low: int, high: int) -> list[str]:
+  """The answers, indexed HIGHER, LOWER, CORRECT, INVALID."""
+  return ["Higher.", "Lower.", "Correct!", f"Answer with just a number from {low} to {high}."]
+
+
 class State(NamedTuple):
   target: jax.Array  # int32[]
   # The numbers still possible given the answers so far (the agent's state of
@@ -40,11 +50,8 @@ class GuessNumber:
   def __init__(self, tokenizer, *, low: int = 1, high: int = 16):
     self.check_range(low, high)
     self.low, self.high = low, high
-    self.prompt = base.piece_table(tokenizer, [
-        f"I am thinking of a whole number from {low} to {high}. Guess it: answer with just "
-        "the number, and I will tell you whether mine is higher or lower."])
-    self.replies = base.piece_table(tokenizer, [
-        "Higher.", "Lower.", "Correct!", f"Answer with just a number from {low} to {high}."])
+    self.prompt = base.piece_table(tokenizer, [prompt_text(low, high)])
+    self.replies = base.piece_table(tokenizer, reply_texts(low, high))
     self.obs_width = self.replies.ids.shape[-1]
     self.reader = base.number_reader(tokenizer)
 
@@ -117,19 +124,18 @@ class _HostEpisode:
     self.target, self.low, self.high = target, low, high
 
   def reset(self) -> str:
-    return (f"I am thinking of a whole number from {self.low} to {self.high}. Guess it: "
-            "answer with just the number, and I will tell you whether mine is higher or lower.")
+    return prompt_text(self.low, self.high)
 
   def step(self, reply: str) -> base.HostStep:
+    texts = reply_texts(self.low, self.high)
     numbers = re.findall(r"[0-9]+", reply)  # linear; ASCII digits only, as the JAX reader
     if not numbers:
-      return base.HostStep(f"Answer with just a number from {self.low} to {self.high}.", 0.0,
-                           False, {"invalid": 1.0, "success": 0.0})
+      return base.HostStep(texts[INVALID], 0.0, False, {"invalid": 1.0, "success": 0.0})
     digits = numbers[-1]
     guess = base.NUMBER_CAP if len(digits) > 6 else int(digits)  # saturates, as last_number
     if guess == self.target:
-      return base.HostStep("Correct!", 1.0, True, {"invalid": 0.0, "success": 1.0})
-    return base.HostStep("Higher." if guess < self.target else "Lower.", 0.0, False,
+      return base.HostStep(texts[CORRECT], 1.0, True, {"invalid": 0.0, "success": 1.0})
+    return base.HostStep(texts[HIGHER if guess < self.target else LOWER], 0.0, False,
                          {"invalid": 0.0, "success": 0.0})
 
 
