@@ -133,7 +133,10 @@ KL_CONTROLLERS = {
 #   gigpo: "Group-in-Group Policy Optimization": the episode advantage plus step_weight
 #     times the step-group advantage (turns taken from the same environment state,
 #     compared by discounted return; the environment must have `state_key`).
-TURN_CREDITS = ("episode", "turn", "gigpo")
+#   igpo: "Information Gain-based Policy Optimization": `turn` over information-gain turn
+#     rewards, the rise in the policy's own probability of the gold answer
+#     (`env.answer`) across each turn, with the episode's return on its last turn.
+TURN_CREDITS = ("episode", "turn", "gigpo", "igpo")
 
 
 def make_kl_controller(s: GRPOSettings) -> kl_control.KLController:
@@ -189,8 +192,8 @@ def _turn_credit_settings(config) -> dict:
   if tc.name != "episode" and not config.get("env"):
     raise ValueError(f"turn_credit {tc.name!r} assigns credit to the turns of an environment's "
                      "episodes; set config.env (a single-turn run has one turn)")
-  if tc.name == "turn" and config.advantage != "grpo":
-    raise ValueError(f"turn_credit 'turn' standardizes turn rewards within each group itself; "
+  if tc.name in ("turn", "igpo") and config.advantage != "grpo":
+    raise ValueError(f"turn_credit {tc.name!r} standardizes turn rewards within each group itself; "
                      f"it does not use advantage {config.advantage!r}: set advantage='grpo'")
   return dict(turn_credit=tc.name, turn_gamma=float(tc.gamma),
               step_weight=float(tc.step_weight))
@@ -260,7 +263,7 @@ def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Ar
                     turn_keys: jax.Array | None) -> jax.Array:
   """f32[B, T] token advantages of multi-turn episodes by `s.turn_credit` (TURN_CREDITS)."""
   tm, g = traj.turn_mask, s.group_size
-  if s.turn_credit == "turn":
+  if s.turn_credit in ("turn", "igpo"):  # igpo: the rollout wrote gains as turn rewards
     normalized = credit.normalize_turn_rewards(traj.turn_rewards, tm, scope="group",
                                                group_size=g)
     per_turn = credit.turn_returns(normalized, tm, gamma=s.turn_gamma)

@@ -70,8 +70,8 @@ def episode_details(tok, traj) -> list[dict]:
 
 def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int = 1,
                failed: np.ndarray | None = None, details_traj=None,
-               failures: list | None = None, shaping_gamma: float | None = None
-               ) -> rl_loop.Rollout:
+               failures: list | None = None, shaping_gamma: float | None = None,
+               information_gain: bool = False) -> rl_loop.Rollout:
   """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag;
   `labels` names each row's task (samples.jsonl's "answer").
 
@@ -80,6 +80,11 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   rewards (GRPO's group advantage) stay the environment's returns: with a
   discount below 1 a shaped sum would not telescope, and staying put would pay.
   Both are logged ("return", "shaped_return").
+
+  With `information_gain` (IGPO), the turn rewards the update reads are the
+  gains in the policy's probability of the gold answer
+  (`credit.igpo_turn_rewards` of `eps.answer_logp`), the return on each
+  episode's last turn; their sum is logged as "information_gain".
 
   Rows an environment failure ended (`failed`) are out of the loss already; their
   reward becomes the mean of their group's other returns, so that they move
@@ -94,6 +99,11 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   if shaping_gamma is not None:
     traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
     components["shaped_return"] = np.asarray(traj.rewards, np.float32)
+  if information_gain:
+    gains = credit.information_gain_rewards(eps.answer_logp, traj.turn_mask)
+    traj = traj.replace(turn_rewards=credit.igpo_turn_rewards(
+        eps.answer_logp, traj.turn_mask, jnp.asarray(returns)))
+    components["information_gain"] = np.asarray(gains.sum(-1), np.float32)
   rewards = returns
   if failed is not None and failed.any():
     rewards = _neutral_failed(rewards, failed, group_size)
@@ -176,9 +186,11 @@ def make(config, model: zoo.Model):
   tok = model.tokenizer
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
   shaping = _check_credit(config, env)
+  igpo = config.get("turn_credit", None) is not None and config.turn_credit.name == "igpo"
   if getattr(env, "host", False):
     return _make_host(config, model, env)
-  template = multiturn.turn_template(tok, config.get("system_prompt") or None)
+  template = multiturn.turn_template(tok, config.get("system_prompt") or None,
+                                     getattr(env, "preamble", ()))
   sampling = rl_loop.sampling_from_config(config, tok)
   greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
@@ -189,9 +201,9 @@ def make(config, model: zoo.Model):
     task_rng, play_rng = jax.random.split(rng)
     tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
     eps = multiturn.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
-                            group_size=config.group_size, num_turns=turns)
-    return to_rollout(tok, eps, _labels(tasks, config.group_size), shaping_gamma=shaping), \
-        episode_metrics(eps)
+                            group_size=config.group_size, num_turns=turns, score_answers=igpo)
+    return to_rollout(tok, eps, _labels(tasks, config.group_size), shaping_gamma=shaping,
+                      information_gain=igpo), episode_metrics(eps)
 
   eval_tasks = sample_tasks(jax.random.split(jax.random.key(EVAL_TASKS_KEY), config.eval_size))
 
@@ -225,6 +237,13 @@ def _check_credit(config, env) -> float | None:
   if tc is not None and tc.name == "gigpo" and not hasattr(env, "state_key"):
     raise ValueError(f"turn_credit 'gigpo' groups turns by environment state; {config.env!r} "
                      "has no state_key")
+  if tc is not None and tc.name == "igpo":
+    if not hasattr(env, "answer"):
+      raise ValueError(f"turn_credit 'igpo' scores the gold answer after every turn; "
+                       f"{config.env!r} has no answer(task)")
+    if config.get("potential_shaping", False):
+      raise ValueError("turn_credit 'igpo' rewards turns by information gain; "
+                       "potential_shaping would rewrite the same rewards: use one")
   if not config.get("potential_shaping", False):
     return None
   if not hasattr(env, "potential"):
@@ -249,20 +268,21 @@ def _make_host(config, model: zoo.Model, env):
   system = config.get("system_prompt") or None
   options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
                  step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system)
+  igpo = config.get("turn_credit", None) is not None and config.turn_credit.name == "igpo"
 
-  def play(params, tasks, rng, how, group_size):
+  def play(params, tasks, rng, how, group_size, training=False):
     out = host_loop.rollout(params, model.cfg, tok, env, tasks, rng, how,
-                            group_size=group_size, **options)
+                            group_size=group_size, score_answers=igpo and training, **options)
     labels = [str(t) for t in tasks for _ in range(group_size)]
     return to_rollout(tok, out.episodes, labels, group_size, out.failed, out.unmasked,
-                      out.failures), out
+                      out.failures, information_gain=igpo and training), out
 
   def collect(params, examples, rng):
     del examples
     task_rng, play_rng = jax.random.split(rng)
     host_rng = np.random.default_rng(np.asarray(jax.random.key_data(task_rng)).tolist())
     tasks = [env.sample_task(host_rng) for _ in range(config.prompts_per_step)]
-    r, out = play(params, tasks, play_rng, sampling, config.group_size)
+    r, out = play(params, tasks, play_rng, sampling, config.group_size, training=True)
     return r, {**episode_metrics(out.episodes), **out.counters}
 
   eval_rng = np.random.default_rng(EVAL_TASKS_KEY)

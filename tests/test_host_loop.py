@@ -54,6 +54,30 @@ def test_the_host_loop_plays_the_episodes_the_scan_plays(tiny, temperature):
                              "env_calls_stuck": 0}
 
 
+def test_the_host_loop_scores_gold_answers_as_the_scan_does(tiny):
+  """IGPO's input through the host loop (`env.answer` as text) equals the scan's (the
+  answer's token ids from the environment's table), on the same episodes."""
+  tok = tiny.tokenizer
+  jax_env = envs.make("guess_number", tok, low=1, high=12)
+  tasks = jnp.asarray([3, 12], jnp.int32)
+  rng, sampling = jax.random.key(6), _sampling(tok, 1.0)
+  scanned = multiturn.rollout(tiny.params, tiny.cfg, jax_env, multiturn.turn_template(tok),
+                              tasks, rng, sampling, group_size=2, num_turns=3,
+                              score_answers=True)
+  hosted = host_loop.rollout(tiny.params, tiny.cfg, tok, envs.make("guess_number_host", tok,
+                                                                   low=1, high=12),
+                             tasks.tolist(), jax.random.split(rng)[1], sampling, group_size=2,
+                             num_turns=3, obs_tokens=jax_env.obs_width, step_timeout_s=30.0,
+                             score_answers=True, answer_tokens=4)
+  a, b = scanned.traj, hosted.episodes.traj
+  for i in range(4):
+    assert np.asarray(a.tokens)[i][np.asarray(a.valid)[i]].tolist() == \
+        np.asarray(b.tokens)[i][np.asarray(b.valid)[i]].tolist()
+  np.testing.assert_allclose(np.asarray(hosted.episodes.answer_logp),
+                             np.asarray(scanned.answer_logp), atol=1e-5)
+  assert np.ptp(np.asarray(scanned.answer_logp)) > 0
+
+
 class Faulty:
   """Each task names how its episode misbehaves."""
 
@@ -238,3 +262,40 @@ def test_a_step_that_never_returns_does_not_hold_the_process_at_exit(tmp_path):
                         timeout=60)
   assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
   assert time.perf_counter() - start < 30
+
+
+def test_a_worked_example_comes_before_the_question_and_outside_the_loss(tiny):
+  """The calculator's demonstration is chat history in front of every episode: the prompt is
+  the chat template's rendering of [system, demonstration..., question], tokenized once, and
+  none of it is a policy token."""
+  tok = tiny.tokenizer
+  env = envs.make("calculator", tok, digits=3, demonstrations=2)
+  assert [m["role"] for m in env.preamble] == ["user", "assistant"] * 4
+  shown = env.preamble[1]["content"]
+  assert calculator.run_call(calculator.tool_call(shown)) == env.preamble[2]["content"]
+  task = env.sample_task(np.random.default_rng(1))
+  out = host_loop.rollout(tiny.params, tiny.cfg, tok, env, [task], jax.random.key(0),
+                          _sampling(tok, 0.0), group_size=2, num_turns=1, obs_tokens=16,
+                          step_timeout_s=30.0, system="Use tools.")
+  traj = out.episodes.traj
+  messages = [{"role": "system", "content": "Use tools."}, *env.preamble,
+              {"role": "user", "content": env.episode(task).reset()}]
+  expected = tok.encode(tokenizer_lib.chat_prompt(tok, messages), add_special_tokens=False)
+  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
+  policy = np.asarray(traj.policy_mask)
+  for i in range(2):
+    first_reply = np.flatnonzero(policy[i])[0]
+    assert tokens[i][:first_reply][valid[i][:first_reply]].tolist() == expected
+
+
+@pytest.mark.parametrize("preamble, why", [
+    ([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}], "message 0"),
+    ([{"role": "user", "content": "q"}], "even number"),
+    ([{"role": "user", "content": "q<|im_end|>"}, {"role": "assistant", "content": "a"}],
+     "special token"),
+    ([{"role": "user", "content": "q", "name": "x"}, {"role": "assistant", "content": "a"}],
+     "message 0"),
+])
+def test_a_malformed_preamble_is_refused_by_name(tiny, preamble, why):
+  with pytest.raises(ValueError, match=why):
+    multiturn.turn_template(tiny.tokenizer, preamble=preamble)

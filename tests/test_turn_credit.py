@@ -13,7 +13,7 @@ from experiments.configs import grpo_arithmetic, grpo_calculator, grpo_guess_num
 from jaxrl_agents import env_loop, envs
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import zoo
+from jaxrl_agents.models import transformer, zoo
 from jaxrl_agents.rollout import multiturn
 from jaxrl_agents.rollout import sampler as sampler_lib
 
@@ -141,6 +141,84 @@ def test_potential_shaping_telescopes_and_leaves_episode_advantages_alone(played
                                rtol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def scored():
+  """Episodes of `played`'s shape that also score the gold answer at every turn boundary."""
+  model = zoo.load("tiny")
+  tok = model.tokenizer
+  env = envs.make("guess_number", tok, low=1, high=12)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=2, temperature=1.0,
+                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
+                                        pad_id=tok.pad_token_id)
+  args = (model.params, model.cfg, env, multiturn.turn_template(tok),
+          jnp.asarray([2, 11], jnp.int32), jax.random.key(5), sampling)
+  eps = multiturn.rollout(*args, group_size=G, num_turns=K, score_answers=True)
+  by_turn = multiturn.rollout_by_turn(*args, group_size=G, num_turns=K, score_answers=True)
+  return model, env, eps, by_turn
+
+
+def test_answer_logprobs_equal_a_forward_over_the_history_and_the_answer(scored):
+  """Before turn k the policy's mean log-prob per token of the gold answer equals a fresh
+  forward pass (no cache) over the history up to reply k followed by the answer."""
+  model, env, eps, by_turn = scored
+  traj = eps.traj
+  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
+  answer_logp = np.asarray(eps.answer_logp)
+  assert answer_logp.shape == (P * G, K + 1)
+  for b in range(P * G):
+    answer = env.answer(jnp.asarray([2, 11])[b // G])
+    gold = np.asarray(answer.ids)[np.asarray(answer.mask)].tolist()
+    assert len(gold) == (1 if b < G else 2)
+    for k in range(K + 1):
+      end = traj.reply_spans[k][0] if k < K else tokens.shape[1]
+      history = tokens[b, :end][valid[b, :end]].tolist()
+      ids = jnp.asarray([history + gold])
+      logits, _ = transformer.apply(model.params, ids, jnp.arange(ids.shape[1])[None],
+                                    model.cfg)
+      logp = jax.nn.log_softmax(logits[0, len(history) - 1:-1].astype(jnp.float32), -1)
+      want = float(np.mean([logp[i, t] for i, t in enumerate(gold)]))
+      np.testing.assert_allclose(answer_logp[b, k], want, atol=1e-4, err_msg=f"row {b} k {k}")
+  # Driving the turns from Python scores the same answers (and stops once all are done).
+  np.testing.assert_allclose(np.asarray(by_turn.answer_logp), answer_logp, atol=1e-5)
+
+
+def test_igpo_credit_is_turn_credit_over_information_gains(scored):
+  """IGPO: each turn but an episode's last is rewarded by the rise of exp(answer_logp)
+  across it, the last by the episode's return; then `turn` credit over those rewards."""
+  model, _, eps, _ = scored
+  tok = model.tokenizer
+  r = env_loop.to_rollout(tok, eps, ["x"] * P * G, G, information_gain=True)
+  p, mask = np.exp(np.asarray(eps.answer_logp)), np.asarray(eps.traj.turn_mask)
+  returns = np.asarray(eps.traj.rewards)
+  want, before_last = np.zeros((P * G, K), np.float32), np.zeros((P * G, K), bool)
+  for b in range(P * G):
+    turns = np.flatnonzero(mask[b])
+    for k in turns:
+      want[b, k] = returns[b] if k == turns[-1] else p[b, k + 1] - p[b, k]
+      before_last[b, k] = k != turns[-1]
+  np.testing.assert_allclose(np.asarray(r.traj.turn_rewards), want, atol=1e-6)
+  assert before_last.any() and np.abs(want[before_last]).min() > 0  # the gains are not 0
+  gains = np.where(mask, p[:, 1:] - p[:, :-1], 0.0).sum(1)
+  np.testing.assert_allclose(r.components["information_gain"], gains, atol=1e-6)
+  np.testing.assert_array_equal(r.rewards, returns)  # the group's rewards stay the returns
+  igpo = grpo.group_advantages(_settings("igpo", gamma=0.5), r)[1]
+  turn = grpo.group_advantages(_settings("turn", gamma=0.5), r)[1]
+  np.testing.assert_array_equal(np.asarray(igpo), np.asarray(turn))
+
+
+@pytest.mark.slow
+def test_tiny_igpo_run_logs_the_information_gain(tmp_path):
+  config = grpo_guess_number.get_config("tiny")
+  config.steps, config.eval_every, config.checkpoint_every = 2, 2, 2
+  config.turn_credit.name = "igpo"
+  grpo.train(config, str(tmp_path), progress=False)
+  train = [r for r in metrics_lib.read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
+           if r["kind"] == "train"]
+  assert len(train) == 2
+  for r in train:
+    assert np.isfinite(r["loss"]) and "reward/information_gain_mean" in r, r
+
+
 @pytest.mark.slow
 def test_tiny_gigpo_run_with_shaping_logs_both_returns(tmp_path):
   config = grpo_guess_number.get_config("tiny")
@@ -179,6 +257,13 @@ def test_turn_credit_is_refused_where_it_cannot_apply():
   tool.turn_credit.name, tool.potential_shaping = "episode", True
   with pytest.raises(ValueError, match="potential"):
     env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+  tool.potential_shaping, tool.turn_credit.name = False, "igpo"
+  with pytest.raises(ValueError, match="no answer"):
+    env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+  game = grpo_guess_number.get_config("tiny")
+  game.turn_credit.name, game.potential_shaping = "igpo", True
+  with pytest.raises(ValueError, match="use one"):
+    env_loop._check_credit(game, envs.make("guess_number", zoo.load("tiny").tokenizer))
   # The shaping's discount is the credit's: GRPO's turn_credit.gamma, PPO's turn_gamma.
   from experiments.configs import ppo_frozen_lake
 

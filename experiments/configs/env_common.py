@@ -30,7 +30,9 @@ def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, opti
   # How an episode's advantage reaches its turns (experiments/grpo.py TURN_CREDITS):
   # "episode" (every token its episode's), "turn" (IGPO: standardized turn rewards'
   # returns-to-go), "gigpo" (plus step_weight x the advantage among turns from the same
-  # state). gamma discounts turn returns and the shaping.
+  # state), "igpo" ("turn" over information-gain rewards: the rise in the policy's own
+  # probability of the environment's gold answer across each turn). gamma discounts turn
+  # returns and the shaping.
   c.turn_credit = ml_collections.ConfigDict(dict(name="episode", gamma=1.0, step_weight=1.0))
   # Add gamma phi(s') - phi(s) to each turn's reward (the environment's potential).
   c.potential_shaping = False

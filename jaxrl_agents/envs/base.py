@@ -19,11 +19,21 @@ control token.
 `info` is a dict of scalar arrays with the same keys on every step (e.g.
 "invalid", "success"); the rollout sums them per episode for the metrics.
 
-Two optional methods serve turn-level credit (`experiments/grpo.py`'s
+Optional methods serve turn-level credit (`experiments/grpo.py`'s
 `turn_credit`, `potential_shaping`):
 
   state_key(state) -> int32[]   equal keys are the same state (GiGPO's step groups)
   potential(state) -> f32[]     a state's potential (potential-based shaping)
+
+and one IGPO's information gain reads (turn_credit "igpo"):
+
+  answer(task) -> Tokens        the gold answer's content tokens (real tokens first)
+
+Either kind may have a `preamble`: a worked example episode as chat messages
+({"role": "user" | "assistant", "content": str}, starting with the user and
+ending with the assistant) that the rollout puts before every episode's first
+message, the way one shows a small model a format it would not find alone. It
+is part of the prompt, never of the loss (`check_preamble`).
 
 A host environment (`HostEnv`: tools, databases, anything in Python) works on
 strings and is stepped by `rollout.host_loop` in a thread pool with a time limit:
@@ -32,6 +42,8 @@ strings and is stepped by `rollout.host_loop` in a thread pool with a time limit
   episode(task) -> an object with
     reset() -> str                        the first user message
     step(reply: str) -> HostStep(obs: str, reward, done, info: {name: float})
+  answer(task) -> str                     optional: the gold answer as the agent would
+                                          write it (IGPO's information gain)
 
 Its observations are tokenized as plain text by the loop; the reply it gets is
 the decoded text of what the policy sampled (hostile input: parse it in linear
@@ -94,6 +106,24 @@ class Env(Protocol):
   def sample_task(self, key: jax.Array) -> Any: ...
   def reset(self, key: jax.Array, task: Any) -> tuple[Any, Tokens]: ...
   def step(self, state: Any, action: Tokens) -> EnvStep: ...
+
+
+def check_preamble(tokenizer, preamble: Sequence[dict[str, str]]) -> None:
+  """Refuses a preamble that is not alternating user/assistant messages, starting with the
+  user and ending with the assistant, or whose text holds a special token's text (the chat
+  template's rendering would turn it into a control token)."""
+  special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+  for i, message in enumerate(preamble):
+    role = "user" if i % 2 == 0 else "assistant"
+    if not isinstance(message, dict) or set(message) != {"role", "content"} \
+        or message["role"] != role or not isinstance(message["content"], str):
+      raise ValueError(f"preamble message {i} must be {{'role': {role!r}, 'content': str}}, "
+                       f"got {message!r}")
+    for token in special:
+      if token in message["content"]:
+        raise ValueError(f"preamble message {i} holds the special token text {token!r}")
+  if len(preamble) % 2:
+    raise ValueError("a preamble ends with the assistant's message (an even number of them)")
 
 
 def piece_table(tokenizer, texts: Sequence[str], width: int | None = None) -> Tokens:

@@ -98,20 +98,49 @@ class CalculatorEpisode:
                          info={"tool_call": 0.0, "tool_error": 0.0, "success": float(correct)})
 
 
+# The worked examples' questions: their own stream, not the held-out one (env_loop.EVAL_TASKS_KEY).
+DEMONSTRATION_SEED = 7
+
+
+def demonstration(a: int, b: int, example: bool) -> list[dict[str, str]]:
+  """One episode played right, as chat messages: the question, the call, the value, the
+  answer."""
+  value = str(a * b)
+  return [{"role": "user", "content": CalculatorEpisode(a, b, example).reset()},
+          {"role": "assistant", "content": call_text(f"{a} * {b}")},
+          {"role": "user", "content": value},
+          {"role": "assistant", "content": value}]
+
+
 class Calculator:
-  """The environment: questions of `digits`-digit factors (a host environment)."""
+  """The environment: questions of `digits`-digit factors (a host environment).
+
+  `demonstrations` worked episodes go before every question as earlier chat turns
+  (`preamble`): a 135M model copies the call's format from a conversation it has
+  seen, where a format described in the question alone it does not write at all.
+  """
 
   host = True
 
-  def __init__(self, tokenizer=None, *, digits: int = 3, example: bool = True):
+  def __init__(self, tokenizer=None, *, digits: int = 3, example: bool = True,
+               demonstrations: int = 0):
     del tokenizer  # observations are text; the loop tokenizes them
     if not 1 <= digits <= 6:
       raise ValueError(f"calculator: digits must be in [1, 6], got {digits}")
+    if not 0 <= demonstrations <= 8:
+      raise ValueError(f"calculator: demonstrations must be in [0, 8], got {demonstrations}")
     self.digits, self.example = digits, example
+    rng = np.random.default_rng(DEMONSTRATION_SEED)
+    shown = [self.sample_task(rng) for _ in range(demonstrations)]
+    self.preamble = tuple(m for t in shown for m in demonstration(t["a"], t["b"], example))
 
   def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
     low, high = 10 ** (self.digits - 1), 10 ** self.digits
     return {"a": int(rng.integers(low, high)), "b": int(rng.integers(low, high))}
+
+  def answer(self, task: dict[str, Any]) -> str:
+    """The product, the final answer (IGPO's information gain scores it)."""
+    return str(int(task["a"]) * int(task["b"]))
 
   def episode(self, task: dict[str, Any]) -> CalculatorEpisode:
     return CalculatorEpisode(int(task["a"]), int(task["b"]), self.example)

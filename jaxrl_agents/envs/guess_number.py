@@ -6,6 +6,10 @@ one that bisects always wins within ceil(log2(range + 1)) turns. Pure JAX:
 the target is the task, every reply is read with `base.last_number` and every
 observation is one of four pieces tokenized when the environment is made.
 
+`answer(task)` is the number's text: IGPO's information gain (GRPO's
+turn_credit "igpo") rewards a turn by how much the answer it drew raised the
+policy's own probability of naming the number.
+
 Reward: 1 on the turn the guess is right (the episode ends), else 0. A reply
 without a number is an invalid action (counted in info["invalid"]); it costs a
 turn and is told to answer with a number.
@@ -54,6 +58,7 @@ class GuessNumber:
     self.replies = base.piece_table(tokenizer, reply_texts(low, high))
     self.obs_width = self.replies.ids.shape[-1]
     self.reader = base.number_reader(tokenizer)
+    self.numbers = base.piece_table(tokenizer, [str(n) for n in range(low, high + 1)])
 
   @staticmethod
   def check_range(low: int, high: int) -> None:
@@ -68,6 +73,10 @@ class GuessNumber:
     del key  # the task decides everything
     return State(target=jnp.asarray(task, jnp.int32), low=jnp.int32(self.low),
                  high=jnp.int32(self.high)), base.row(self.prompt, 0)
+
+  def answer(self, task: jax.Array) -> base.Tokens:
+    """The gold answer, the number as digits (IGPO's information gain scores it)."""
+    return base.row(self.numbers, task - self.low)
 
   def state_key(self, state: State) -> jax.Array:
     """The interval still possible: two turns from the same interval are the same state."""
@@ -114,6 +123,9 @@ class HostGuessNumber:
 
   def sample_task(self, rng: np.random.Generator) -> int:
     return int(rng.integers(self.low, self.high + 1))
+
+  def answer(self, target) -> str:
+    return str(int(target))
 
   def episode(self, target) -> _HostEpisode:
     return _HostEpisode(int(target), self.low, self.high)

@@ -178,6 +178,10 @@ class SearchQA:
     question, gold = make_question(self.knowledge_base(seed)[0], rng)
     return {"kb": seed, "question": question, "gold": gold}
 
+  def answer(self, task: dict[str, Any]) -> str:
+    """The gold answer as the agent should write it (IGPO's information gain scores it)."""
+    return f"<answer>{task['gold']}</answer>"
+
   def episode(self, task: dict[str, Any]) -> SearchEpisode:
     _, index = self.knowledge_base(int(task["kb"]))
     return SearchEpisode(index, str(task["question"]), str(task["gold"]))

@@ -158,6 +158,25 @@ def _append(params, cfg, context, template, stop_tokens, reply, obs, keep):
   return sampler_lib.extend(params, cfg, context, block.ids, block.mask), block
 
 
+_answer_logprob = jax.jit(sampler_lib.answer_logprob, static_argnames=("cfg",))
+
+
+def _answers(tok, env, tasks, group_size: int, width: int, timeout_s: float,
+             fails: _Failures) -> base.Tokens:
+  """Each row's gold answer (`env.answer(task)`, on the host with the step's time limit) as
+  plain-text tokens, real tokens first; a row whose answer failed fails (its tokens empty)."""
+  outcomes = call_all([functools.partial(env.answer, task) for task in tasks], timeout_s,
+                      check_reset)
+  texts = []
+  for t, outcome in enumerate(outcomes):
+    for i in range(t * group_size, (t + 1) * group_size):
+      if outcome.failure:
+        fails.add(i, outcome)
+    texts += [outcome.step or ""] * group_size
+  answers, _ = _tokens(tok, texts, width)
+  return answers
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "cache_len"))
 def _prefill(params, cfg, ids, mask, cache_len):
   return sampler_lib.prefill(params, cfg, ids, mask, cache_len=cache_len)
@@ -219,22 +238,30 @@ def _first_messages(episodes, group_size: int, timeout_s: float, fails: _Failure
 def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
             tasks: Sequence[Any], rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
             group_size: int, num_turns: int, obs_tokens: int, step_timeout_s: float,
-            system: str | None = None) -> HostEpisodes:
+            system: str | None = None, score_answers: bool = False,
+            answer_tokens: int = 32) -> HostEpisodes:
   """G episodes of each task of `tasks`, at most `num_turns` turns (see the module docstring).
 
-  Rows are task-major (row i plays task i // G), as in `multiturn.rollout`.
+  Rows are task-major (row i plays task i // G), as in `multiturn.rollout`. With
+  `score_answers`, the gold answer (`env.answer(task)`, at most `answer_tokens`
+  tokens) is scored before every turn and after the last (`Episodes.answer_logp`).
   """
-  template = multiturn.turn_template(tok, system)
+  template = multiturn.turn_template(tok, system, getattr(env, "preamble", ()))
   episodes = [env.episode(task) for task in tasks for _ in range(group_size)]
   b, fails = len(episodes), _Failures(len(episodes))
   rows = [list(template.opening) + tokenizer_lib.plain_ids(tok, text) + list(template.to_reply)
           for text in _first_messages(episodes, group_size, step_timeout_s, fails)]
   ids, mask = tokenizer_lib.pad_left(rows, 0, shapes.prompt_width(max(map(len, rows))))
   block_width = len(template.to_user) + obs_tokens + len(template.to_reply)
+  answers = _answers(tok, env, tasks, group_size, answer_tokens, step_timeout_s, fails) \
+      if score_answers else None
   context = _prefill(params, cfg, jnp.asarray(ids), jnp.asarray(mask),
-                     cache_len=ids.shape[1] + num_turns * (sampling.max_new_tokens + block_width))
+                     cache_len=ids.shape[1] + num_turns * (sampling.max_new_tokens + block_width)
+                     + (answer_tokens if score_answers else 0))
   done, records = fails.failed.copy(), []
+  score = lambda: _answer_logprob(params, cfg, context, answers.ids, answers.mask)
   for k in range(num_turns):
+    answer_logp = score() if score_answers else None
     out, context = _decode(params, cfg, context, jax.random.fold_in(rng, k), sampling,
                            jnp.asarray(~done))
     # Special-token text stays in the replies: a tool's tag may be a special token.
@@ -264,19 +291,26 @@ def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
     records.append(dict(reply=reply, logp=out.sampling_logprobs, block=block,
                         reward=jnp.asarray(reward), live=jnp.asarray(~done),
                         info={n: jnp.asarray(v) for n, v in info.items()}))
+    if answer_logp is not None:
+      records[-1]["answer_logp"] = answer_logp
     done = finished
     if done.all():
       break
-  return _finish(ids, mask, records, num_turns, fails)
+  return _finish(ids, mask, records, num_turns, fails, score() if score_answers else None)
 
 
-def _finish(ids, mask, records: list[dict], num_turns: int, fails: _Failures) -> HostEpisodes:
+def _finish(ids, mask, records: list[dict], num_turns: int, fails: _Failures,
+            last_answer_logp=None) -> HostEpisodes:
   """HostEpisodes from the played turns; unplayed turns are recorded as not live."""
   b = ids.shape[0]
   records = _same_info_keys(records, b)
-  records += [jax.tree.map(jnp.zeros_like, records[-1])] * (num_turns - len(records))
+  unplayed = jax.tree.map(jnp.zeros_like, records[-1])
+  if last_answer_logp is not None:  # nothing changes after the last turn played
+    unplayed["answer_logp"] = last_answer_logp
+  records += [unplayed] * (num_turns - len(records))
   eps = multiturn.finish(base.Tokens(jnp.asarray(ids), jnp.asarray(mask)),
-                         jax.tree.map(lambda *xs: jnp.stack(xs), *records), group_size=1)
+                         jax.tree.map(lambda *xs: jnp.stack(xs), *records), group_size=1,
+                         last_answer_logp=last_answer_logp)
   # An episode the environment broke teaches nothing: out of the loss, reward 0.
   keep = jnp.asarray(~fails.failed)
   # Its turns leave turn-level statistics too (group means, GiGPO's step groups).

@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import re
 import secrets
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -57,12 +58,18 @@ class TurnTemplate:
   to_user: tuple[int, ...]
 
 
-def turn_template(tokenizer, system: str | None = None) -> TurnTemplate:
-  """Cuts the tokenizer's chat template into TurnTemplate pieces, by rendering placeholders."""
+def turn_template(tokenizer, system: str | None = None,
+                  preamble: Sequence[dict[str, str]] = ()) -> TurnTemplate:
+  """Cuts the tokenizer's chat template into TurnTemplate pieces, by rendering placeholders.
+
+  `preamble` is a conversation that comes before the episode's first message (an
+  environment's worked example, `base.check_preamble`); it becomes part of `opening`.
+  """
+  base.check_preamble(tokenizer, preamble)
   nonce = secrets.token_hex(8)
   mark = lambda i: f"[[turn-{nonce}-{i}]]"
-  messages = [{"role": "user", "content": mark(0)}, {"role": "assistant", "content": mark(1)},
-              {"role": "user", "content": mark(2)}]
+  messages = [*preamble, {"role": "user", "content": mark(0)},
+              {"role": "assistant", "content": mark(1)}, {"role": "user", "content": mark(2)}]
   if system is not None:
     messages = [{"role": "system", "content": system}] + messages
   first = tokenizer_lib.chat_prompt(tokenizer, messages[:-2])
@@ -87,6 +94,10 @@ class Episodes(NamedTuple):
       -1 for a turn that did not happen or an environment without state keys).
     turn_potentials: f32[B, K] the potential of that state (`env.potential`; 0
       without one).
+    answer_logp: with `score_answers`, f32[B, K + 1]: the policy's mean log-prob
+      per token of the gold answer (`env.answer`) as its reply before turn k
+      (index K: after the last turn), IGPO's `credit.information_gain_rewards`
+      input; else None.
   """
 
   traj: types.Trajectory
@@ -94,6 +105,7 @@ class Episodes(NamedTuple):
   turns: jax.Array
   turn_keys: jax.Array
   turn_potentials: jax.Array
+  answer_logp: jax.Array | None = None
 
 
 def _const(ids: tuple[int, ...], batch: int) -> base.Tokens:
@@ -134,29 +146,45 @@ def prompt_tokens(env, template: TurnTemplate, tasks: Any, keys: jax.Array
 
 
 class Carry(NamedTuple):
-  """What one turn hands the next: the cache, the environments' states, finished rows."""
+  """What one turn hands the next: the cache, the environments' states, finished rows, and
+  the gold answers each turn scores (`score_answers`; else None)."""
 
   context: sampler_lib.Continuation
   states: Any
   done: jax.Array  # bool[B]
+  answers: base.Tokens | None = None
 
 
 def start(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate, tasks: Any,
           rng: jax.Array, sampling: sampler_lib.SamplingConfig, *, group_size: int,
-          num_turns: int) -> tuple[Carry, base.Tokens]:
+          num_turns: int, score_answers: bool = False) -> tuple[Carry, base.Tokens]:
   """Resets P environments and prefills their prompts G times: (the first Carry, the
   left-padded prompts [P, Lp])."""
   p = jax.tree.leaves(tasks)[0].shape[0]
   states, prompt = prompt_tokens(env, template, tasks, jax.random.split(rng, p))
   states = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), states)
+  answers = None
+  if score_answers:
+    if not hasattr(env, "answer"):
+      raise ValueError(f"{type(env).__name__} has no answer(task): nothing to score")
+    answers = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0),
+                           jax.vmap(env.answer)(tasks))
   block_width = len(template.to_user) + env.obs_width + len(template.to_reply)
-  # Every turn, the last included, appends a block (the last one all padding):
-  # the cache has room for all of them, so no write ever lands past its end.
+  # Every turn, the last included, appends a block (the last one all padding),
+  # and the gold answer is scored after the last: the cache has room for all of
+  # them, so no write ever lands past its end.
   context = sampler_lib.prefill(
       params, cfg, prompt.ids, prompt.mask,
-      cache_len=prompt.ids.shape[1] + num_turns * (sampling.max_new_tokens + block_width),
+      cache_len=prompt.ids.shape[1] + num_turns * (sampling.max_new_tokens + block_width)
+      + (answers.ids.shape[-1] if score_answers else 0),
       samples_per_prompt=group_size)
-  return Carry(context, states, jnp.zeros((p * group_size,), bool)), prompt
+  return Carry(context, states, jnp.zeros((p * group_size,), bool), answers), prompt
+
+
+def score_answer(params, cfg: transformer.TransformerConfig, carry: Carry) -> jax.Array:
+  """f32[B]: the gold answers' mean log-prob per token as the next reply (`Episodes`)."""
+  return sampler_lib.answer_logprob(params, cfg, carry.context, carry.answers.ids,
+                                    carry.answers.mask)
 
 
 def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate,
@@ -165,8 +193,10 @@ def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTem
   """Turn k: decode the live rows' replies, step their environments, append the answers.
 
   Returns the next Carry and the turn's record (reply, sampling log-probs, the
-  appended block, reward, which rows were live, info).
+  appended block, reward, which rows were live, info; with answers, the answer's
+  log-prob before the turn).
   """
+  answer_logp = None if carry.answers is None else score_answer(params, cfg, carry)
   out, context = sampler_lib.decode(params, cfg, carry.context, jax.random.fold_in(rng, k),
                                     sampling, active=~carry.done, keep_cache=True)
   reply = base.Tokens(out.tokens, out.mask)
@@ -190,11 +220,15 @@ def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTem
                 key=jnp.where(live, key, -1).astype(jnp.int32),
                 potential=jnp.where(live, potential, 0.0).astype(jnp.float32),
                 info={name: jnp.where(live, v, 0.0) for name, v in step.info.items()})
-  return Carry(context, states, finished), record
+  if answer_logp is not None:
+    record["answer_logp"] = answer_logp
+  return Carry(context, states, finished, carry.answers), record
 
 
-def finish(prompt: base.Tokens, turns: dict, group_size: int) -> Episodes:
-  """Episodes from the prompts and the turns' records stacked along a leading K axis."""
+def finish(prompt: base.Tokens, turns: dict, group_size: int,
+           last_answer_logp: jax.Array | None = None) -> Episodes:
+  """Episodes from the prompts and the turns' records stacked along a leading K axis (and,
+  with answers scored, the answer's log-prob after the last turn)."""
   traj = _trajectory(jnp.repeat(prompt.ids, group_size, 0),
                      jnp.repeat(prompt.mask, group_size, 0), turns)
   info = {k: v.sum(0) for k, v in turns["info"].items()}
@@ -202,15 +236,19 @@ def finish(prompt: base.Tokens, turns: dict, group_size: int) -> Episodes:
   keys = jnp.where(live, turns["key"].T, -1) if "key" in turns \
       else jnp.full(live.shape, -1, jnp.int32)  # turns never played hold zeros
   potentials = turns["potential"].T if "potential" in turns else jnp.zeros(live.shape)
+  answer_logp = None
+  if last_answer_logp is not None:
+    answer_logp = jnp.concatenate([turns["answer_logp"].T, last_answer_logp[:, None]], 1)
   return Episodes(traj=traj, info=info, turns=live.sum(1).astype(jnp.int32),
-                  turn_keys=keys, turn_potentials=potentials.astype(jnp.float32))
+                  turn_keys=keys, turn_potentials=potentials.astype(jnp.float32),
+                  answer_logp=answer_logp)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "template", "sampling", "group_size",
-                                             "num_turns"))
+                                             "num_turns", "score_answers"))
 def rollout(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate,
             tasks: Any, rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
-            group_size: int, num_turns: int) -> Episodes:
+            group_size: int, num_turns: int, score_answers: bool = False) -> Episodes:
   """G episodes of each of P tasks, at most `num_turns` turns of at most
   `sampling.max_new_tokens` reply tokens each, as one program (`lax.scan` over turns).
 
@@ -224,17 +262,20 @@ def rollout(params, cfg: transformer.TransformerConfig, env, template: TurnTempl
     sampling: the SamplingConfig (static).
     group_size: G episodes per task (static).
     num_turns: K (static).
+    score_answers: also score the environment's gold answer (`env.answer`)
+      before every turn and after the last (`Episodes.answer_logp`; static).
 
   Returns:
     Episodes of B = P * G rows.
   """
   reset_rng, rng = jax.random.split(rng)
   carry, prompt = start(params, cfg, env, template, tasks, reset_rng, sampling,
-                        group_size=group_size, num_turns=num_turns)
+                        group_size=group_size, num_turns=num_turns, score_answers=score_answers)
   turn = functools.partial(play_turn, params, cfg, env, template, sampling, rng=rng,
                            num_turns=num_turns)
-  _, turns = jax.lax.scan(lambda c, k: turn(c, k=k), carry, jnp.arange(num_turns))
-  return finish(prompt, turns, group_size)
+  carry, turns = jax.lax.scan(lambda c, k: turn(c, k=k), carry, jnp.arange(num_turns))
+  return finish(prompt, turns, group_size,
+                score_answer(params, cfg, carry) if score_answers else None)
 
 
 def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
@@ -267,14 +308,15 @@ def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
 
 
 _start = jax.jit(start, static_argnames=("cfg", "env", "template", "sampling", "group_size",
-                                         "num_turns"))
+                                         "num_turns", "score_answers"))
+_score_answer = jax.jit(score_answer, static_argnames=("cfg",))
 _play_turn = jax.jit(play_turn, static_argnames=("cfg", "env", "template", "sampling",
                                                  "num_turns"))
 
 
 def rollout_by_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate,
                     tasks: Any, rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
-                    group_size: int, num_turns: int) -> Episodes:
+                    group_size: int, num_turns: int, score_answers: bool = False) -> Episodes:
   """`rollout` with the turns driven from Python (one jitted program per turn).
 
   The same episodes as `rollout`, token for token; it stops as soon as every
@@ -283,7 +325,8 @@ def rollout_by_turn(params, cfg: transformer.TransformerConfig, env, template: T
   """
   reset_rng, rng = jax.random.split(rng)
   carry, prompt = _start(params, cfg, env, template, tasks, reset_rng, sampling,
-                         group_size=group_size, num_turns=num_turns)
+                         group_size=group_size, num_turns=num_turns,
+                         score_answers=score_answers)
   records = []
   for k in range(num_turns):
     carry, record = _play_turn(params, cfg, env, template, sampling, carry, rng, jnp.int32(k),
@@ -291,6 +334,9 @@ def rollout_by_turn(params, cfg: transformer.TransformerConfig, env, template: T
     records.append(record)
     if bool(carry.done.all()):
       break
+  last = _score_answer(params, cfg, carry) if score_answers else None
   unplayed = jax.tree.map(jnp.zeros_like, records[-1])
+  if score_answers:  # nothing changes after the last turn played
+    unplayed["answer_logp"] = last
   records += [unplayed] * (num_turns - len(records))
-  return finish(prompt, jax.tree.map(lambda *xs: jnp.stack(xs), *records), group_size)
+  return finish(prompt, jax.tree.map(lambda *xs: jnp.stack(xs), *records), group_size, last)

@@ -301,6 +301,35 @@ def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
                       next_position=context.next_position + mask.sum(-1).astype(jnp.int32))
 
 
+def answer_logprob(params, cfg: transformer.TransformerConfig, context: Continuation,
+                   tokens: jax.Array, mask: jax.Array) -> jax.Array:
+  """The mean log-probability per token of an answer continuing each row: f32[B].
+
+  What IGPO's information gain reads: the policy's probability of the gold
+  answer as its next reply, given everything the cache holds. The answer's
+  first token is scored by the context's logits, the rest by one pass over the
+  answer; the cache that pass writes is dropped, so the context is unchanged
+  (its cache needs T free slots).
+
+  Args:
+    tokens: int32[B, T] the answer, right-padded (real tokens first).
+    mask: bool[B, T] its real tokens (at least one a row).
+  """
+  if tokens.shape != mask.shape or tokens.shape[0] != context.next_position.shape[0]:
+    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be [B, T] with "
+                     f"B = {context.next_position.shape[0]} rows")
+  positions = context.next_position[:, None] + transformer.positions_from_mask(mask)
+  hidden, _ = transformer.apply(params, tokens, positions, cfg,
+                                segment_ids=mask.astype(jnp.int32), cache=context.cache,
+                                return_hidden=True)
+  # Column i's hidden state predicts token i + 1; the context's logits predict token 0.
+  logits = jnp.concatenate([context.logits.T[:, None, :],
+                            transformer.lm_head(params, hidden[:, :-1], cfg)], axis=1)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1),
+                             tokens[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.where(mask, logp, 0.0), -1) / jnp.maximum(mask.sum(-1), 1)
+
+
 def _pick_and_record(state, logits, step, *, sampling: SamplingConfig):
   """Picks each live row's token at column `step` and records it with its log-probabilities.
 
