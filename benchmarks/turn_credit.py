@@ -6,7 +6,7 @@
 Each run is GRPO on guess-the-number with the tiny random model (numbers 1-4,
 3 turns of one token; the setting of tests/test_env_loop.py's learning test):
 --steps steps of 8 tasks x 16 episodes. A credit is a `turn_credit` name
-("episode", "turn", "gigpo"), with "+shaping" for potential-based shaping
+("episode", "turn", "gigpo", "igpo"), with "+shaping" for potential-based shaping
 from the environment's potential (minus the bits still missing). Reported per
 credit over the seeds: the sampled success rate over the first and last five
 steps, invalid replies per episode at the end, and the final held-out success
@@ -55,7 +55,7 @@ def run(credit: str, seed: int, steps: int) -> dict:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--credits", default="episode,turn,gigpo,gigpo+shaping")
+  ap.add_argument("--credits", default="episode,turn,gigpo,gigpo+shaping,igpo")
   ap.add_argument("--seeds", default="0,1,2")
   ap.add_argument("--steps", type=int, default=40)
   args = ap.parse_args()

@@ -55,7 +55,7 @@ def validate_common(config) -> None:
     if shaping and shaping.name != "none":
       raise ValueError("config.reward_shaping shapes single-turn replies' rewards; an "
                        "environment run's reward is its return: set reward_shaping.name='none'")
-    for key in ("env_obs_tokens", "env_step_timeout_s"):
+    for key in ("env_obs_tokens", "env_step_timeout_s", "env_answer_tokens"):
       if key in config and not config[key] > 0:
         raise ValueError(f"config.{key} must be > 0, got {config[key]}")
   elif not config.task and not config.jsonl_path:

@@ -84,7 +84,7 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   With `information_gain` (IGPO), the turn rewards the update reads are the
   gains in the policy's probability of the gold answer
   (`credit.igpo_turn_rewards` of `eps.answer_logp`), the return on each
-  episode's last turn; their sum is logged as "information_gain".
+  episode's last turn; the sum of the gains is logged as "information_gain".
 
   Rows an environment failure ended (`failed`) are out of the loss already; their
   reward becomes the mean of their group's other returns, so that they move
@@ -100,9 +100,12 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
     traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
     components["shaped_return"] = np.asarray(traj.rewards, np.float32)
   if information_gain:
-    gains = credit.information_gain_rewards(eps.answer_logp, traj.turn_mask)
     traj = traj.replace(turn_rewards=credit.igpo_turn_rewards(
         eps.answer_logp, traj.turn_mask, jnp.asarray(returns)))
+    # The gains the update uses: every turn's but the last (whose score, after the
+    # episode ended, means nothing; the return replaces it).
+    gains = credit.igpo_turn_rewards(eps.answer_logp, traj.turn_mask,
+                                     jnp.zeros_like(jnp.asarray(returns)))
     components["information_gain"] = np.asarray(gains.sum(-1), np.float32)
   rewards = returns
   if failed is not None and failed.any():
@@ -267,7 +270,8 @@ def _make_host(config, model: zoo.Model, env):
   greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
   system = config.get("system_prompt") or None
   options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
-                 step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system)
+                 step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system,
+                 answer_tokens=config.get("env_answer_tokens", 32))
   igpo = config.get("turn_credit", None) is not None and config.turn_credit.name == "igpo"
 
   def play(params, tasks, rng, how, group_size, training=False):

@@ -51,6 +51,42 @@ def _render(tok, obs):
   return tok.decode(np.asarray(obs.ids)[np.asarray(obs.mask)].tolist())
 
 
+def test_a_worked_game_is_the_environment_s_own_game(tok):
+  """The demonstration's messages are what the environment says when its moves are played
+  (text rendering == token rendering), the moves are a shortest path, and the last one
+  reaches the goal."""
+  env = envs.make("frozen_lake", tok, size=4, hole_prob=0.3, demonstrations=2)
+  messages = env.preamble
+  assert len(messages) % 2 == 0 and env.preamble[0]["role"] == "user"
+  games = [i for i, m in enumerate(messages) if m["content"].startswith("Grid game.")]
+  assert games[0] == 0 and len(games) == 2
+  step = jax.jit(env.step)
+  for start, end in zip(games, games[1:] + [len(messages)], strict=True):
+    game = messages[start:end]
+    grid = game[0]["content"].split("\n")[1:5]
+    holes = np.asarray([[cell == "H" for cell in line.split()] for line in grid])
+    assert holes.any() and frozen_lake.shortest_path(holes) is not None
+    state, obs = env.reset(jax.random.key(0), jnp.asarray(holes))
+    assert _render(tok, obs) == game[0]["content"]
+    moves = [m["content"] for m in game[1::2]]
+    assert len(moves) == len(frozen_lake.shortest_path(holes)) >= 6
+    for i, move in enumerate(moves):
+      result = step(state, _action(tok, move))
+      state = result.state
+      if i < len(moves) - 1:
+        assert _render(tok, result.obs) == game[2 + 2 * i]["content"]
+        assert not bool(result.done)
+    assert float(result.reward) == 1.0 and bool(result.done)
+
+
+def test_shortest_paths_by_hand():
+  open_map = np.zeros((3, 3), bool)
+  assert len(frozen_lake.shortest_path(open_map)) == 4
+  wall = np.asarray([[0, 1, 0], [0, 1, 0], [0, 0, 0]], bool)
+  assert frozen_lake.shortest_path(wall) == [1, 1, 2, 2]  # down, down, right, right
+  assert frozen_lake.shortest_path(np.asarray([[0, 1], [1, 0]], bool)) is None
+
+
 def test_the_classic_lake_by_hand(tok):
   env = envs.make("frozen_lake", tok, classic=True)
   step = jax.jit(env.step)
@@ -117,6 +153,9 @@ def test_bad_options_are_refused(tok):
     envs.make("frozen_lake", tok, hole_prob=1.0)
   with pytest.raises(ValueError, match="classic map is 4x4"):
     envs.make("frozen_lake", tok, size=5, classic=True)
+  for one_map in (dict(classic=True), dict(hole_prob=0.0)):  # the worked game = the task
+    with pytest.raises(ValueError, match="would be the task itself"):
+      envs.make("frozen_lake", tok, demonstrations=1, **one_map)
 
 
 @pytest.mark.slow

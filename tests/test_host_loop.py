@@ -76,6 +76,7 @@ def test_the_host_loop_scores_gold_answers_as_the_scan_does(tiny):
   np.testing.assert_allclose(np.asarray(hosted.episodes.answer_logp),
                              np.asarray(scanned.answer_logp), atol=1e-5)
   assert np.ptp(np.asarray(scanned.answer_logp)) > 0
+  assert hosted.counters["answer_truncated"] == 0 and hosted.counters["env_errors"] == 0
 
 
 class Faulty:

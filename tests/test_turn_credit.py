@@ -20,19 +20,24 @@ from jaxrl_agents.rollout import sampler as sampler_lib
 P, G, K = 2, 4, 3
 
 
-@pytest.fixture(scope="module")
-def played():
-  """Guess-the-number episodes of the tiny model (numbers 1-4) with several turns each."""
+def _guessing(high: int, targets: list[int]):
+  """(model, env, the args of `multiturn.rollout` up to its keywords): guess-the-number
+  episodes of the tiny model (numbers 1 to `high`), replies of two tokens."""
   model = zoo.load("tiny")
   tok = model.tokenizer
-  env = envs.make("guess_number", tok, low=1, high=4)
+  env = envs.make("guess_number", tok, low=1, high=high)
   sampling = sampler_lib.SamplingConfig(max_new_tokens=2, temperature=1.0,
                                         stop_tokens=tokenizer_lib.stop_token_ids(tok),
                                         pad_id=tok.pad_token_id)
-  eps = multiturn.rollout(model.params, model.cfg, env, multiturn.turn_template(tok),
-                          jnp.asarray([2, 3], jnp.int32), jax.random.key(5), sampling,
-                          group_size=G, num_turns=K)
-  return tok, env, eps
+  return model, env, (model.params, model.cfg, env, multiturn.turn_template(tok),
+                      jnp.asarray(targets, jnp.int32), jax.random.key(5), sampling)
+
+
+@pytest.fixture(scope="module")
+def played():
+  """Guess-the-number episodes (numbers 1-4) with several turns each."""
+  model, env, args = _guessing(4, [2, 3])
+  return model.tokenizer, env, multiturn.rollout(*args, group_size=G, num_turns=K)
 
 
 def _settings(name, gamma=1.0, step_weight=1.0):
@@ -77,18 +82,24 @@ def test_episode_credit_is_the_group_advantage_unchanged(played):
   assert adv.shape == (P * G,)
 
 
-def test_turn_credit_is_returns_to_go_of_group_standardized_turn_rewards(played):
-  tok, _, eps = played
-  r = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
-  traj, adv, _ = grpo.group_advantages(_settings("turn", gamma=0.5), r)
-  rewards, mask = np.asarray(traj.turn_rewards), np.asarray(traj.turn_mask)
+def _turn_credit_by_hand(traj, rewards: np.ndarray, gamma: float) -> np.ndarray:
+  """Per token: the discounted return-to-go of turn rewards standardized over each group's
+  valid turns."""
+  mask = np.asarray(traj.turn_mask)
   normalized = np.zeros_like(rewards)
   for p in range(P):
     rows = slice(p * G, p * G + G)
     valid = rewards[rows][mask[rows]]
     normalized[rows] = np.where(mask[rows], (rewards[rows] - valid.mean()) /
                                 (valid.std() + 1e-6), 0.0)
-  want = _per_token(traj, _returns(normalized, mask, 0.5))
+  return _per_token(traj, _returns(normalized, mask, gamma))
+
+
+def test_turn_credit_is_returns_to_go_of_group_standardized_turn_rewards(played):
+  tok, _, eps = played
+  r = env_loop.to_rollout(tok, eps, ["x"] * P * G, G)
+  traj, adv, _ = grpo.group_advantages(_settings("turn", gamma=0.5), r)
+  want = _turn_credit_by_hand(traj, np.asarray(traj.turn_rewards), 0.5)
   np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-5, atol=1e-5)
   assert np.abs(want).sum() > 0
 
@@ -144,14 +155,7 @@ def test_potential_shaping_telescopes_and_leaves_episode_advantages_alone(played
 @pytest.fixture(scope="module")
 def scored():
   """Episodes of `played`'s shape that also score the gold answer at every turn boundary."""
-  model = zoo.load("tiny")
-  tok = model.tokenizer
-  env = envs.make("guess_number", tok, low=1, high=12)
-  sampling = sampler_lib.SamplingConfig(max_new_tokens=2, temperature=1.0,
-                                        stop_tokens=tokenizer_lib.stop_token_ids(tok),
-                                        pad_id=tok.pad_token_id)
-  args = (model.params, model.cfg, env, multiturn.turn_template(tok),
-          jnp.asarray([2, 11], jnp.int32), jax.random.key(5), sampling)
+  model, env, args = _guessing(12, [2, 11])
   eps = multiturn.rollout(*args, group_size=G, num_turns=K, score_answers=True)
   by_turn = multiturn.rollout_by_turn(*args, group_size=G, num_turns=K, score_answers=True)
   return model, env, eps, by_turn
@@ -165,11 +169,12 @@ def test_answer_logprobs_equal_a_forward_over_the_history_and_the_answer(scored)
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   answer_logp = np.asarray(eps.answer_logp)
   assert answer_logp.shape == (P * G, K + 1)
+  mask = np.asarray(traj.turn_mask)
   for b in range(P * G):
     answer = env.answer(jnp.asarray([2, 11])[b // G])
     gold = np.asarray(answer.ids)[np.asarray(answer.mask)].tolist()
     assert len(gold) == (1 if b < G else 2)
-    for k in range(K + 1):
+    for k in range(int(mask[b].sum())):  # before each turn the row played
       end = traj.reply_spans[k][0] if k < K else tokens.shape[1]
       history = tokens[b, :end][valid[b, :end]].tolist()
       ids = jnp.asarray([history + gold])
@@ -178,8 +183,11 @@ def test_answer_logprobs_equal_a_forward_over_the_history_and_the_answer(scored)
       logp = jax.nn.log_softmax(logits[0, len(history) - 1:-1].astype(jnp.float32), -1)
       want = float(np.mean([logp[i, t] for i, t in enumerate(gold)]))
       np.testing.assert_allclose(answer_logp[b, k], want, atol=1e-4, err_msg=f"row {b} k {k}")
-  # Driving the turns from Python scores the same answers (and stops once all are done).
-  np.testing.assert_allclose(np.asarray(by_turn.answer_logp), answer_logp, atol=1e-5)
+  # Driving the turns from Python scores the same answers, up to each row's last turn (the
+  # columns after it are undefined: nothing was asked there).
+  defined = np.concatenate([mask, np.zeros((P * G, 1), bool)], 1)
+  np.testing.assert_allclose(np.asarray(by_turn.answer_logp)[defined], answer_logp[defined],
+                             atol=1e-5)
 
 
 def test_igpo_credit_is_turn_credit_over_information_gains(scored):
@@ -198,12 +206,13 @@ def test_igpo_credit_is_turn_credit_over_information_gains(scored):
       before_last[b, k] = k != turns[-1]
   np.testing.assert_allclose(np.asarray(r.traj.turn_rewards), want, atol=1e-6)
   assert before_last.any() and np.abs(want[before_last]).min() > 0  # the gains are not 0
-  gains = np.where(mask, p[:, 1:] - p[:, :-1], 0.0).sum(1)
-  np.testing.assert_allclose(r.components["information_gain"], gains, atol=1e-6)
+  # Logged: the gains the update used (every turn's but the last).
+  np.testing.assert_allclose(r.components["information_gain"],
+                             np.where(before_last, want, 0.0).sum(1), atol=1e-6)
   np.testing.assert_array_equal(r.rewards, returns)  # the group's rewards stay the returns
-  igpo = grpo.group_advantages(_settings("igpo", gamma=0.5), r)[1]
-  turn = grpo.group_advantages(_settings("turn", gamma=0.5), r)[1]
-  np.testing.assert_array_equal(np.asarray(igpo), np.asarray(turn))
+  traj, igpo, _ = grpo.group_advantages(_settings("igpo", gamma=0.5), r)
+  np.testing.assert_allclose(np.asarray(igpo), _turn_credit_by_hand(traj, want, 0.5),
+                             rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -259,7 +268,7 @@ def test_turn_credit_is_refused_where_it_cannot_apply():
     env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
   tool.potential_shaping, tool.turn_credit.name = False, "igpo"
   with pytest.raises(ValueError, match="no answer"):
-    env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+    env_loop._check_credit(tool, envs.make("frozen_lake", zoo.load("tiny").tokenizer))
   game = grpo_guess_number.get_config("tiny")
   game.turn_credit.name, game.potential_shaping = "igpo", True
   with pytest.raises(ValueError, match="use one"):

@@ -21,6 +21,7 @@ def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, opti
   c.max_new_tokens = tiny_max_new_tokens if tiny else max_new_tokens  # per turn
   c.env_step_timeout_s = 10.0  # host environments: a slower step ends its episode (counted)
   c.env_obs_tokens = 64  # host environments: a longer answer is cut (counted)
+  c.env_answer_tokens = 32  # host environments, turn_credit "igpo": the gold answer's cap
   c.task = ""
   c.prompts_per_step = 2 if tiny else 4
   c.group_size = 8

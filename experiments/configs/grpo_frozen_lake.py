@@ -14,6 +14,13 @@ the moves made from the same square (turn_credit.name="gigpo", the default
 here), and the potential (minus the distance to the goal) shapes each move.
 Slippery ice: --config.env_kwargs.slippery=True.
 
+One worked game on another map (a shortest path, in the environment's words)
+comes before each episode as earlier chat turns (`demonstrations`). Without it
+SmolLM2-135M echoes the map instead of naming a move (32 of 32 greedy held-out
+episodes invalid on 3x3 maps); with it every greedy reply is a move (always
+"right", success 0 on 32 held-out 4x4 maps) and 6-19% of sampled episodes
+reach the goal: what there is to learn is the game, not the format.
+
 Variants: `:tiny` (the tiny random model, 2x2 maps without holes, 3 turns of
 5 tokens: a smoke test).
 """
@@ -27,8 +34,9 @@ def set_frozen_lake(c: ml_collections.ConfigDict, variant: str | None
                     ) -> ml_collections.ConfigDict:
   """The environment, the episode's shape and the shaping (GRPO's and PPO's configs)."""
   c = env_common.set_env(
-      c, variant, env="frozen_lake", options=dict(size=4, hole_prob=0.2, slippery=False),
-      tiny_options=dict(size=2, hole_prob=0.0, slippery=False), max_turns=8,
+      c, variant, env="frozen_lake",
+      options=dict(size=4, hole_prob=0.2, slippery=False, demonstrations=1),
+      tiny_options=dict(size=2, hole_prob=0.0, slippery=False, demonstrations=0), max_turns=8,
       tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=5)
   c.potential_shaping = True
   return c

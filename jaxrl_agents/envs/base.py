@@ -112,7 +112,9 @@ def check_preamble(tokenizer, preamble: Sequence[dict[str, str]]) -> None:
   """Refuses a preamble that is not alternating user/assistant messages, starting with the
   user and ending with the assistant, or whose text holds a special token's text (the chat
   template's rendering would turn it into a control token)."""
-  special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+  # Added tokens count too: `encode` parses them even when they are not marked special.
+  special = {t for t in getattr(tokenizer, "all_special_tokens", []) if t}
+  special |= set(getattr(tokenizer, "get_added_vocab", dict)())
   for i, message in enumerate(preamble):
     role = "user" if i % 2 == 0 else "assistant"
     if not isinstance(message, dict) or set(message) != {"role", "content"} \

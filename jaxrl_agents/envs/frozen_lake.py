@@ -8,6 +8,10 @@ task is a random map with a path from start to goal (`hole_prob` per cell),
 or Gymnasium's classic 4x4 map (`classic=True`). Pure JAX: the map is rendered
 from pieces tokenized when the environment is made.
 
+With `demonstrations`, that many games on other maps, played by a shortest
+path, come before every episode as earlier chat turns (`preamble`), in the
+environment's own words.
+
 Reward 1 on reaching the goal; falling in a hole ends the episode with 0; a
 reply naming no move is an invalid action (counted in info["invalid"]) that
 costs a turn. The G episodes of one task share its random stream (common
@@ -55,33 +59,108 @@ def reachable(holes: jax.Array) -> jax.Array:
   return seen[n - 1, n - 1]
 
 
+DEMONSTRATION_SEED = 11  # the worked examples' maps (their own stream)
+
+
+def shortest_path(holes: np.ndarray) -> list[int] | None:
+  """Moves (indices of MOVES) of a shortest walk from the top-left to the bottom-right
+  corner that steps on no hole (breadth-first search), or None if there is none."""
+  n = holes.shape[0]
+  came = {(0, 0): None}
+  frontier = [(0, 0)]
+  while frontier:
+    nxt = []
+    for r, c in frontier:
+      for move, (dr, dc) in enumerate(DELTAS):
+        cell = (r + int(dr), c + int(dc))
+        if 0 <= cell[0] < n and 0 <= cell[1] < n and not holes[cell] and cell not in came:
+          came[cell] = ((r, c), move)
+          nxt.append(cell)
+    frontier = nxt
+  if (n - 1, n - 1) not in came:
+    return None
+  moves, cell = [], (n - 1, n - 1)
+  while came[cell] is not None:
+    cell, move = came[cell]
+    moves.append(move)
+  return moves[::-1]
+
+
 class FrozenLake:
   """The environment (see the module docstring): `size` x `size` maps."""
 
   def __init__(self, tokenizer, *, size: int = 4, hole_prob: float = 0.2,
-               slippery: bool = False, classic: bool = False):
+               slippery: bool = False, classic: bool = False, demonstrations: int = 0):
     if not 2 <= size <= 8:
       raise ValueError(f"frozen_lake size must be in [2, 8], got {size}")
     if not 0 <= hole_prob < 1:
       raise ValueError(f"frozen_lake hole_prob must be in [0, 1), got {hole_prob}")
     if classic and size != 4:
       raise ValueError(f"the classic map is 4x4; got size={size}")
+    if not 0 <= demonstrations <= 4:
+      raise ValueError(f"frozen_lake demonstrations must be in [0, 4], got {demonstrations}")
+    if demonstrations and (classic or hole_prob == 0):
+      raise ValueError("frozen_lake demonstrations need maps that differ: with classic=True or "
+                       "hole_prob=0 every task is one map, and the worked game would be the "
+                       "task itself")
     self.size, self.hole_prob, self.slippery, self.classic = size, hole_prob, slippery, classic
     # The wording was chosen by measurement: SmolLM2-135M-Instruct names a move in about
     # 30% of its sampled replies to this layout (question after the map), 17% when the
     # instruction comes first.
     lake = "slippery ice (a move may slide you sideways)" if slippery else "ice"
-    self.intro = base.piece_table(tokenizer, [
-        f"Grid game. You are X; the goal is G (bottom right); H are holes; . is {lake}.\n"])
-    self.cells = base.piece_table(tokenizer, [" .", " H", " G", " X"])
-    self.newline = base.piece_table(tokenizer, ["\n"])
-    self.question = base.piece_table(tokenizer, ["Your move? Say left, down, right or up."])
-    self.status = base.piece_table(tokenizer, [f"You went {m}.\n" for m in MOVES] + [
-        "You bumped into the edge.\n", "You fell into a hole.", "You reached the goal!",
-        "That is not a move: say left, down, right or up.\n"])
+    self.texts = dict(
+        intro=f"Grid game. You are X; the goal is G (bottom right); H are holes; . is {lake}.\n",
+        cells=[" .", " H", " G", " X"], newline="\n",
+        question="Your move? Say left, down, right or up.",
+        status=[f"You went {m}.\n" for m in MOVES] + [
+            "You bumped into the edge.\n", "You fell into a hole.", "You reached the goal!",
+            "That is not a move: say left, down, right or up.\n"])
+    self.intro = base.piece_table(tokenizer, [self.texts["intro"]])
+    self.cells = base.piece_table(tokenizer, self.texts["cells"])
+    self.newline = base.piece_table(tokenizer, [self.texts["newline"]])
+    self.question = base.piece_table(tokenizer, [self.texts["question"]])
+    self.status = base.piece_table(tokenizer, self.texts["status"])
     grid_width = size * (size * self.cells.ids.shape[-1] + self.newline.ids.shape[-1])
     self.obs_width = self.status.ids.shape[-1] + grid_width
     self.reader = base.keyword_reader(tokenizer, MOVES)
+    rng = np.random.default_rng(DEMONSTRATION_SEED)
+    self.preamble = tuple(m for _ in range(demonstrations)
+                          for m in self.demonstration(self.demonstration_map(rng)))
+
+  def grid_text(self, holes: np.ndarray, pos: int) -> str:
+    """The map as the observation's tokens spell it."""
+    n, cells = self.size, self.texts["cells"]
+    kind = np.where(holes, HOLE, ICE).reshape(-1)
+    kind[n * n - 1], kind[pos] = GOAL, AGENT
+    return "".join("".join(cells[k] for k in kind[r * n:(r + 1) * n]) + self.texts["newline"]
+                   for r in range(n))
+
+  def demonstration_map(self, rng: np.random.Generator) -> np.ndarray:
+    """A map with a path, drawn as `sample_task` draws them (the classic one if classic)."""
+    if self.classic:
+      return np.asarray([[c == "H" for c in line] for line in CLASSIC])
+    while True:
+      holes = rng.random((self.size, self.size)) < self.hole_prob
+      holes[0, 0] = holes[-1, -1] = False
+      if shortest_path(holes) is not None:
+        return holes
+
+  def demonstration(self, holes: np.ndarray) -> list[dict[str, str]]:
+    """A game on `holes` played by a shortest path, as chat messages (the environment's
+    texts), ending with the move that reaches the goal. Not slippery: the moves go where
+    they say."""
+    n, pos = self.size, 0
+    messages = [{"role": "user", "content": self.texts["intro"] + self.grid_text(holes, 0)
+                 + self.texts["question"]}]
+    path = shortest_path(holes)
+    for i, move in enumerate(path):
+      messages.append({"role": "assistant", "content": MOVES[move]})
+      if i == len(path) - 1:
+        break
+      pos += int(DELTAS[move][0]) * n + int(DELTAS[move][1])
+      messages.append({"role": "user", "content": self.texts["status"][WENT + move]
+                       + self.grid_text(holes, pos)})
+    return messages
 
   def sample_task(self, key: jax.Array) -> jax.Array:
     """bool[n, n] holes: the first of 16 random maps with a path (an empty map if none has)."""

@@ -161,19 +161,26 @@ def _append(params, cfg, context, template, stop_tokens, reply, obs, keep):
 _answer_logprob = jax.jit(sampler_lib.answer_logprob, static_argnames=("cfg",))
 
 
+def check_answer(result: Any) -> None:
+  if not isinstance(result, str) or not result:
+    raise TypeError(f"answer returned {type(result).__name__} {str(result)[:40]!r}, not text")
+
+
 def _answers(tok, env, tasks, group_size: int, width: int, timeout_s: float,
              fails: _Failures) -> base.Tokens:
   """Each row's gold answer (`env.answer(task)`, on the host with the step's time limit) as
-  plain-text tokens, real tokens first; a row whose answer failed fails (its tokens empty)."""
+  plain-text tokens, real tokens first. A task whose answer failed fails its group (one
+  error counted); an answer longer than `width` tokens is cut (counted: answer_truncated)."""
   outcomes = call_all([functools.partial(env.answer, task) for task in tasks], timeout_s,
-                      check_reset)
+                      check_answer)
   texts = []
   for t, outcome in enumerate(outcomes):
-    for i in range(t * group_size, (t + 1) * group_size):
-      if outcome.failure:
-        fails.add(i, outcome)
+    if outcome.failure:
+      fails.add(t * group_size, outcome)
+      fails.failed[t * group_size:(t + 1) * group_size] = True
     texts += [outcome.step or ""] * group_size
-  answers, _ = _tokens(tok, texts, width)
+  answers, cut = _tokens(tok, texts, width)
+  fails.counters["answer_truncated"] = cut
   return answers
 
 

@@ -95,9 +95,10 @@ class Episodes(NamedTuple):
     turn_potentials: f32[B, K] the potential of that state (`env.potential`; 0
       without one).
     answer_logp: with `score_answers`, f32[B, K + 1]: the policy's mean log-prob
-      per token of the gold answer (`env.answer`) as its reply before turn k
-      (index K: after the last turn), IGPO's `credit.information_gain_rewards`
-      input; else None.
+      per token of the gold answer (`env.answer`) as its reply before turn k,
+      IGPO's `credit.igpo_turn_rewards` input; else None. Defined before each
+      turn a row played; the columns after its last turn are not (no question
+      was asked there: IGPO puts the return on the last turn instead).
   """
 
   traj: types.Trajectory

@@ -268,6 +268,18 @@ def prefill(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array
                       next_position=next_position)
 
 
+def _run_block(params, cfg: transformer.TransformerConfig, context: Continuation,
+               tokens: jax.Array, mask: jax.Array):
+  """(hidden states f[B, T, D], the cache with the block written) of a block of tokens after
+  what `context` holds; padding is skipped by attention and positions."""
+  if tokens.shape != mask.shape or tokens.shape[0] != context.next_position.shape[0]:
+    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be [B, T] with "
+                     f"B = {context.next_position.shape[0]} rows")
+  positions = context.next_position[:, None] + transformer.positions_from_mask(mask)
+  return transformer.apply(params, tokens, positions, cfg, segment_ids=mask.astype(jnp.int32),
+                           cache=context.cache, return_hidden=True)
+
+
 def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
            tokens: jax.Array, mask: jax.Array) -> Continuation:
   """Appends a left-padded block of tokens to every row's cache.
@@ -288,13 +300,7 @@ def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
   Returns:
     The Continuation after the block.
   """
-  if tokens.shape != mask.shape or tokens.shape[0] != context.next_position.shape[0]:
-    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be [B, T] with "
-                     f"B = {context.next_position.shape[0]} rows")
-  positions = context.next_position[:, None] + transformer.positions_from_mask(mask)
-  hidden, cache = transformer.apply(params, tokens, positions, cfg,
-                                    segment_ids=mask.astype(jnp.int32), cache=context.cache,
-                                    return_hidden=True)
+  hidden, cache = _run_block(params, cfg, context, tokens, mask)
   logits = transformer.lm_head(params, hidden[:, -1], cfg).T.astype(jnp.float32)
   appended = jnp.any(mask, axis=1)
   return Continuation(logits=jnp.where(appended[None, :], logits, context.logits), cache=cache,
@@ -315,13 +321,7 @@ def answer_logprob(params, cfg: transformer.TransformerConfig, context: Continua
     tokens: int32[B, T] the answer, right-padded (real tokens first).
     mask: bool[B, T] its real tokens (at least one a row).
   """
-  if tokens.shape != mask.shape or tokens.shape[0] != context.next_position.shape[0]:
-    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be [B, T] with "
-                     f"B = {context.next_position.shape[0]} rows")
-  positions = context.next_position[:, None] + transformer.positions_from_mask(mask)
-  hidden, _ = transformer.apply(params, tokens, positions, cfg,
-                                segment_ids=mask.astype(jnp.int32), cache=context.cache,
-                                return_hidden=True)
+  hidden, _ = _run_block(params, cfg, context, tokens, mask)
   # Column i's hidden state predicts token i + 1; the context's logits predict token 0.
   logits = jnp.concatenate([context.logits.T[:, None, :],
                             transformer.lm_head(params, hidden[:, :-1], cfg)], axis=1)
