@@ -427,8 +427,13 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
       config.eval_every and start_step % config.eval_every == 0)
   if start_step == 0 or (scheduled and r.last_eval_step != start_step):
     r.run_eval()
-  bar = tqdm(total=config.steps, initial=start_step, disable=not progress, file=sys.stderr,
-             desc="train", dynamic_ncols=True)
+  # A time-budgeted run ends when its training seconds run out: its bar counts those.
+  timed = r.budget > 0
+  bar = tqdm(total=round(r.budget) if timed else config.steps,
+             initial=min(round(r.train_time), round(r.budget)) if timed else start_step,
+             unit="s" if timed else "it", disable=not progress, file=sys.stderr,
+             desc="train (seconds of the time budget)" if timed else "train",
+             dynamic_ncols=True)
   with _Preemption() as preemption:
     try:
       while r.step < config.steps:
@@ -438,8 +443,9 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
         seconds = time.perf_counter() - t0
         r.state, r.step, r.train_time = result.state, r.step + 1, r.train_time + seconds
         r.log_step(result, seconds, compile_seconds() - compile_before)
-        bar.set_postfix({k: f"{result.record[k]:.3f}" for k in postfix if k in result.record})
-        bar.update(1)
+        shown = {k: f"{result.record[k]:.3f}" for k in postfix if k in result.record}
+        bar.set_postfix({"step": r.step, **shown} if timed else shown)
+        bar.update(min(round(r.train_time), round(r.budget)) - bar.n if timed else 1)
         _check_finite(result.record, finite_keys, r.step)
         _check_nonfinite(r, config.max_consecutive_nonfinite)
         if r.after_step():
