@@ -103,10 +103,10 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
     traj = traj.replace(turn_rewards=credit.igpo_turn_rewards(
         eps.answer_logp, traj.turn_mask, jnp.asarray(returns)))
     # The gains the update uses: every turn's but the last (whose score, after the
-    # episode ended, means nothing; the return replaces it).
-    gains = credit.igpo_turn_rewards(eps.answer_logp, traj.turn_mask,
-                                     jnp.zeros_like(jnp.asarray(returns)))
-    components["information_gain"] = np.asarray(gains.sum(-1), np.float32)
+    # episode ended, means nothing), i.e. the turn rewards less the return on the last.
+    played = np.asarray(traj.turn_mask).any(1)
+    components["information_gain"] = (np.asarray(traj.turn_rewards).sum(-1)
+                                      - np.where(played, returns, 0.0)).astype(np.float32)
   rewards = returns
   if failed is not None and failed.any():
     rewards = _neutral_failed(rewards, failed, group_size)
@@ -189,7 +189,7 @@ def make(config, model: zoo.Model):
   tok = model.tokenizer
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
   shaping = _check_credit(config, env)
-  igpo = config.get("turn_credit", None) is not None and config.turn_credit.name == "igpo"
+  igpo = _uses_igpo(config)
   if getattr(env, "host", False):
     return _make_host(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None,
@@ -227,6 +227,11 @@ def make(config, model: zoo.Model):
     return _weighted(records), samples
 
   return collect, evaluate, NoData()
+
+
+def _uses_igpo(config) -> bool:
+  tc = config.get("turn_credit", None)
+  return tc is not None and tc.name == "igpo"
 
 
 def _check_credit(config, env) -> float | None:
@@ -272,7 +277,7 @@ def _make_host(config, model: zoo.Model, env):
   options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
                  step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system,
                  answer_tokens=config.get("env_answer_tokens", 32))
-  igpo = config.get("turn_credit", None) is not None and config.turn_credit.name == "igpo"
+  igpo = _uses_igpo(config)
 
   def play(params, tasks, rng, how, group_size, training=False):
     out = host_loop.rollout(params, model.cfg, tok, env, tasks, rng, how,

@@ -136,9 +136,7 @@ class FrozenLake:
                    for r in range(n))
 
   def demonstration_map(self, rng: np.random.Generator) -> np.ndarray:
-    """A map with a path, drawn as `sample_task` draws them (the classic one if classic)."""
-    if self.classic:
-      return np.asarray([[c == "H" for c in line] for line in CLASSIC])
+    """A map with a path, drawn as `sample_task` draws them (never classic: refused)."""
     while True:
       holes = rng.random((self.size, self.size)) < self.hole_prob
       holes[0, 0] = holes[-1, -1] = False
