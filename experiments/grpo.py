@@ -48,6 +48,8 @@ class GRPOState(NamedTuple):
   ref_params: dict | None  # frozen reference policy; None without a KL term
   updates: jax.Array  # int32[] optimizer updates so far (the schedule's position)
   kl_ctl: kl_control.KLControllerState | None  # the KL coefficient; None without a KL term
+  # Self-play's per-role return baselines (advantage "rae"); None otherwise.
+  role_baseline: credit.RoleBaselineState | None = None
 
 
 class GRPOBatch(NamedTuple):
@@ -56,6 +58,8 @@ class GRPOBatch(NamedTuple):
   old_logp: jax.Array  # f32[B, T] log-probs under the sampling policy (recomputed)
   ref_logp: jax.Array  # f32[B, T] under the reference (zeros without a sampled-token KL)
   correct: jax.Array  # f32[B] the grader's verdicts (an accuracy-conditioned KL reads them)
+  # Advantage "rae": the role baselines after this batch's returns (the update stores them).
+  role_baseline: credit.RoleBaselineState | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +141,15 @@ KL_CONTROLLERS = {
 #     rewards, the rise in the policy's own probability of the gold answer
 #     (`env.answer`) across each turn, with the episode's return on its last turn.
 TURN_CREDITS = ("episode", "turn", "gigpo", "igpo")
+
+# Self-play's advantage (a two-player environment, `rollout.self_play`): SPIRAL's
+# role-conditioned advantage estimation, "SPIRAL: Self-Play on Zero-Sum Games Incentivizes
+# Reasoning via Multi-Agent Multi-Turn Reinforcement Learning". Each row's return less an
+# exponential moving average of its side's returns (`credit.role_baseline`, carried in the
+# train state), so the first mover's edge is not credited to its moves. advantage_kwargs:
+# decay (the paper's 0.95).
+ROLE_ADVANTAGE = "rae"
+ROLES = 2
 
 
 def make_kl_controller(s: GRPOSettings) -> kl_control.KLController:
@@ -259,6 +272,24 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
   return traj, advantages, np.asarray(r.correct, np.float32)[rows]
 
 
+def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
+  return credit.role_baseline(ROLES, **dict(s.advantage_kwargs))
+
+
+def role_advantages(s: GRPOSettings, r: rl_loop.Rollout, baseline: credit.RoleBaselineState
+                    ) -> tuple[jax.Array, credit.RoleBaselineState]:
+  """Self-play's f32[B] advantages (ROLE_ADVANTAGE) and the baselines after these returns.
+
+  A row whose side never moved (role -1) gets 0 and leaves the baselines alone.
+  """
+  if r.roles is None:
+    raise ValueError(f"advantage {ROLE_ADVANTAGE!r} needs each row's role: a self-play rollout "
+                     "(a two-player environment) has them, this one has none")
+  roles = jnp.asarray(r.roles, jnp.int32)
+  return role_baseline(s).update(jnp.asarray(r.rewards, jnp.float32), roles, baseline,
+                                 valid=roles >= 0)
+
+
 def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Array,
                     turn_keys: jax.Array | None) -> jax.Array:
   """f32[B, T] token advantages of multi-turn episodes by `s.turn_credit` (TURN_CREDITS)."""
@@ -306,9 +337,14 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
   beta = state.kl_ctl.beta if state.kl_ctl is not None else 0.0
   loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta)
   updates_before = state.updates
+  baseline, batch = batch.role_baseline, batch._replace(role_baseline=None)  # not per row
   state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
                                           epochs=s.epochs, minibatches=s.minibatches,
                                           group_size=s.prompt_group)
+  if baseline is not None:  # the returns happened, whatever the update did
+    state = state._replace(role_baseline=baseline)
+    metrics = {**metrics, **{f"role_baseline/player{p}": baseline.baseline[p]
+                             for p in range(ROLES)}}
   if state.kl_ctl is not None:
     moved = make_kl_controller(s).update(state.kl_ctl, observed_kl=metrics["kl"],
                                          n_steps=batch.advantages.shape[0],
@@ -346,7 +382,9 @@ class GRPO:
     return GRPOState(params=params, opt_state=self.tx.init(params),
                      ref_params=jax.tree.map(jnp.copy, params) if kl_on else None,
                      updates=jnp.zeros((), jnp.int32),
-                     kl_ctl=make_kl_controller(self.settings).init() if kl_on else None)
+                     kl_ctl=make_kl_controller(self.settings).init() if kl_on else None,
+                     role_baseline=(role_baseline(self.settings).init()
+                                    if self.settings.advantage == ROLE_ADVANTAGE else None))
 
   def policy_params(self, state):
     return state.params
@@ -357,13 +395,18 @@ class GRPO:
   def prepare(self, state, r: rl_loop.Rollout, rng) -> GRPOBatch:
     del rng
     s = self.settings
-    traj, advantages, correct = group_advantages(s, r)
+    baseline = None
+    if s.advantage == ROLE_ADVANTAGE:
+      traj, correct = r.traj, np.asarray(r.correct, np.float32)
+      advantages, baseline = role_advantages(s, r, state.role_baseline)
+    else:
+      traj, advantages, correct = group_advantages(s, r)
     zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
     old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
-                     correct=jnp.asarray(correct))
+                     correct=jnp.asarray(correct), role_baseline=baseline)
 
   def update(self, state, batch, rng, progress):
     return self._update(state, batch, rng, jnp.float32(progress))
@@ -373,13 +416,16 @@ def validate(config) -> None:
   """Fails on unknown names or inconsistent sizes before anything loads or compiles."""
   common.validate_common(config)
   group, component = registry.names("group_advantage"), registry.names("component_advantage")
-  if config.advantage not in group + component:
+  if config.advantage == ROLE_ADVANTAGE:
+    _validate_role_advantage(config)
+  elif config.advantage not in group + component:
     raise ValueError(f"advantage {config.advantage!r} is not a group estimator over f32[P, G] "
                      f"rewards ({group}) or over f32[P, G, M] reward components ({component}); "
                      f"token-level estimators such as GAE are PPO's")
   settings = settings_from_config(config)  # names, per-loss hyperparameters, controllers
   kind = "component_advantage" if settings.component_advantage else "group_advantage"
-  accepted = set(inspect.signature(registry.get(kind, config.advantage)).parameters)
+  accepted = ({"decay"} if config.advantage == ROLE_ADVANTAGE else
+              set(inspect.signature(registry.get(kind, config.advantage)).parameters))
   unknown = sorted(set(dict(config.advantage_kwargs)) - accepted)
   if unknown:
     raise ValueError(f"advantage_kwargs {unknown} are not arguments of {config.advantage!r} "
@@ -394,6 +440,20 @@ def validate(config) -> None:
   if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo",
                                                     "reinforce_pp_baseline", "gdpo"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")
+
+
+def _validate_role_advantage(config) -> None:
+  if not config.get("env"):
+    raise ValueError(f"advantage {ROLE_ADVANTAGE!r} is self-play's: set config.env to a "
+                     "two-player game (e.g. tic_tac_toe_self_play)")
+  tc = config.get("turn_credit", None)
+  if tc is not None and tc.name != "episode":
+    raise ValueError(f"advantage {ROLE_ADVANTAGE!r} gives each side's moves its return less the "
+                     f"side's baseline; turn_credit {tc.name!r} is not defined for it: use "
+                     "'episode'")
+  decay = dict(config.advantage_kwargs).get("decay", 0.95)
+  if not 0 <= decay < 1:
+    raise ValueError(f"advantage_kwargs.decay must be in [0, 1), got {decay}")
 
 
 def train(config, workdir: str, progress: bool = True) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrl_agents import credit, envs, rl_loop
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import host_loop, multiturn
+from jaxrl_agents.rollout import host_loop, multiturn, self_play
 
 # Held-out tasks come from this key, whatever the run's seed: runs compare on the same tasks.
 EVAL_TASKS_KEY = 20_261_125
@@ -119,6 +119,7 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
       rewards=rewards, components=components, correct=correct,
       turn_keys=np.asarray(eps.turn_keys),
+      roles=None if eps.roles is None else np.asarray(eps.roles, np.int32),
       details=[{**d, "failure": f} for d, f in zip(
           episode_details(tok, traj if details_traj is None else details_traj),
           failures or [None] * rewards.shape[0], strict=True)])
@@ -190,24 +191,39 @@ def make(config, model: zoo.Model):
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
   shaping = _check_credit(config, env)
   igpo = _uses_igpo(config)
+  two_players = getattr(env, "num_players", 1) > 1
+  if two_players != (config.get("advantage", None) == "rae"):
+    raise ValueError(
+        f"{config.env!r} is a two-player game: self-play trains it with GRPO's advantage 'rae'"
+        if two_players else
+        f"advantage 'rae' is self-play's; {config.env!r} is not a two-player game")
   if getattr(env, "host", False):
     return _make_host(config, model, env)
+  if two_players:
+    return _make_self_play(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None,
                                      getattr(env, "preamble", ()))
   sampling = rl_loop.sampling_from_config(config, tok)
-  greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
-  turns = config.max_turns
 
   def collect(params, examples, rng):
     del examples
     task_rng, play_rng = jax.random.split(rng)
     tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
     eps = multiturn.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
-                            group_size=config.group_size, num_turns=turns, score_answers=igpo)
+                            group_size=config.group_size, num_turns=config.max_turns,
+                            score_answers=igpo)
     return to_rollout(tok, eps, _labels(tasks, config.group_size), shaping_gamma=shaping,
                       information_gain=igpo), episode_metrics(eps)
 
+  return collect, _evaluator(config, model, env, template, config.max_turns), NoData()
+
+
+def _evaluator(config, model: zoo.Model, env, template: multiturn.TurnTemplate, turns: int):
+  """evaluate(params) -> (record, samples): greedy episodes of the fixed held-out tasks."""
+  tok = model.tokenizer
+  greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
+  sample_tasks = jax.jit(jax.vmap(env.sample_task))
   eval_tasks = sample_tasks(jax.random.split(jax.random.key(EVAL_TASKS_KEY), config.eval_size))
 
   def evaluate(params):
@@ -226,7 +242,50 @@ def make(config, model: zoo.Model):
       samples += rl_loop.rollout_samples(r)
     return _weighted(records), samples
 
-  return collect, evaluate, NoData()
+  return evaluate
+
+
+def _make_self_play(config, model: zoo.Model, env):
+  """(collect, evaluate, data) for a two-player game (`rollout.self_play`).
+
+  Training plays G games of each of `prompts_per_step` tasks with the policy on
+  both sides (`max_turns` plies); evaluation plays the game's fixed opponent
+  (`env.evaluation_env`, `env.evaluation_turns` turns) greedily, on either side.
+  """
+  self_play.check_env(env)
+  tok = model.tokenizer
+  template = multiturn.turn_template(tok, config.get("system_prompt") or None)
+  sampling = rl_loop.sampling_from_config(config, tok)
+  sample_tasks = jax.jit(jax.vmap(env.sample_task))
+
+  def collect(params, examples, rng):
+    del examples
+    task_rng, play_rng = jax.random.split(rng)
+    tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
+    eps = self_play.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
+                            group_size=config.group_size, num_plies=config.max_turns)
+    seeds = np.repeat(np.asarray(jax.device_get(jax.tree.leaves(tasks)[0])),
+                      config.group_size * self_play.PLAYERS, axis=0)
+    labels = [f"game {s} player {i % self_play.PLAYERS}" for i, s in enumerate(seeds.tolist())]
+    return to_rollout(tok, eps, labels), self_play_metrics(eps)
+
+  evaluation = env.evaluation_env
+  eval_template = multiturn.turn_template(tok, config.get("system_prompt") or None,
+                                          getattr(evaluation, "preamble", ()))
+  return collect, _evaluator(config, model, evaluation, eval_template,
+                             env.evaluation_turns), NoData()
+
+
+def self_play_metrics(eps: multiturn.Episodes) -> dict[str, float]:
+  """`episode_metrics`, each info entry per player too (`player<p>/<name>`, over the rows
+  of that side), and `game_plies`, the moves of both sides per game."""
+  out = episode_metrics(eps)
+  player = np.arange(eps.turns.shape[0]) % self_play.PLAYERS
+  for name, values in eps.info.items():
+    for p in range(self_play.PLAYERS):
+      out[f"player{p}/{name}"] = float(np.mean(np.asarray(values)[player == p]))
+  out["game_plies"] = float(np.asarray(eps.turns).reshape(-1, self_play.PLAYERS).sum(1).mean())
+  return out
 
 
 def _uses_igpo(config) -> bool:

@@ -65,6 +65,8 @@ class Rollout:
       turns, token ids and masks).
     turn_keys: optional int32[B, K], the environment state each turn was taken
       from (-1: none), for turn-level credit.
+    roles: optional int32[B], self-play: the player each row played (-1: a side
+      that never moved), for role-conditioned advantages.
   """
 
   traj: types.Trajectory
@@ -77,6 +79,7 @@ class Rollout:
   prompts_truncated: int = 0
   details: list[dict] | None = None
   turn_keys: np.ndarray | None = None
+  roles: np.ndarray | None = None
 
 
 class RewardFn(Protocol):

@@ -406,7 +406,8 @@ def test_evaluations_every_so_many_seconds(tmp_path):
     ("grpo_frozen_lake", "tiny"), ("grpo_text_to_sql", None), ("grpo_text_to_sql", "tiny"),
     ("grpo_search_qa", None), ("grpo_search_qa", "tiny"), ("ppo_frozen_lake", None),
     ("ppo_frozen_lake", "tiny"), ("grpo_tic_tac_toe", None), ("grpo_tic_tac_toe", "tiny"),
-    ("grpo_sokoban", None), ("grpo_sokoban", "tiny")])
+    ("grpo_sokoban", None), ("grpo_sokoban", "tiny"), ("grpo_tic_tac_toe_self_play", None),
+    ("grpo_tic_tac_toe_self_play", "tiny")])
 def test_every_shipped_config_validates(module, variant):
   import importlib
 

@@ -60,7 +60,7 @@ def test_a_loss_and_invalid_moves_by_hand(tok):
     assert _text(tok, bad.obs).startswith("That is not a free square.\n X X 3\n 4 5 6\n 7 8 O")
     assert not bool(bad.done) and float(bad.reward) == 0.0
   assert float(outs[-1].reward) == -1.0 and bool(outs[-1].done)
-  assert float(outs[-1].info["loss"]) == 1.0
+  assert float(outs[-1].info["defeat"]) == 1.0
 
 
 def test_random_games_end_with_a_legal_outcome(tok):
@@ -69,7 +69,7 @@ def test_random_games_end_with_a_legal_outcome(tok):
   states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.key(0), 64), tasks)
   step = jax.jit(jax.vmap(env.step))
   done, total = np.zeros(64, bool), np.zeros(64)
-  ends = {k: np.zeros(64) for k in ("success", "draw", "loss")}
+  ends = {k: np.zeros(64) for k in ("success", "draw", "defeat")}
   rng = np.random.default_rng(0)
   for _ in range(5):  # at most five moves of the agent's
     legal = np.asarray(states.game.legal_action_mask)
@@ -84,9 +84,9 @@ def test_random_games_end_with_a_legal_outcome(tok):
     done |= np.asarray(out.done)
     states = out.state
   assert done.all()
-  assert (ends["success"] + ends["draw"] + ends["loss"] == 1).all()
-  np.testing.assert_array_equal(total, ends["success"] - ends["loss"])
-  assert ends["success"].sum() > 10 and ends["loss"].sum() > 5  # both happen against random
+  assert (ends["success"] + ends["draw"] + ends["defeat"] == 1).all()
+  np.testing.assert_array_equal(total, ends["success"] - ends["defeat"])
+  assert ends["success"].sum() > 10 and ends["defeat"].sum() > 5  # both happen against random
 
 
 def test_bad_options_are_refused(tok):

@@ -11,6 +11,7 @@ See `envs.base` for the protocol. Registered:
 | guess_number_host | (host) the same game stepped in Python, to time the host loop  |
 | frozen_lake   | walks a text-grid lake to the goal around holes (slippery or not) |
 | tic_tac_toe   | plays tic-tac-toe (pgx) against a fixed opponent                  |
+| tic_tac_toe_self_play | plays both sides of tic-tac-toe (two players, `rollout.self_play`) |
 | sokoban       | pushes boxes onto targets in small generated rooms (text grid)    |
 | calculator    | (host) multiplies large numbers, with a calculator tool to call   |
 | text_to_sql   | (host) answers questions with SQL over a generated sqlite database |
@@ -28,7 +29,7 @@ from jaxrl_agents.envs import (
   text_to_sql,
   tic_tac_toe,
 )
-from jaxrl_agents.envs.base import Env, EnvStep, HostEnv, HostStep, Tokens
+from jaxrl_agents.envs.base import Env, EnvStep, GameStep, HostEnv, HostStep, Tokens
 
 
 def make(name: str, tokenizer, **options) -> Env | HostEnv:
@@ -40,6 +41,6 @@ def names() -> list[str]:
   return registry.names("env")
 
 
-__all__ = ["Env", "EnvStep", "HostEnv", "HostStep", "Tokens", "base", "calculator",
+__all__ = ["Env", "EnvStep", "GameStep", "HostEnv", "HostStep", "Tokens", "base", "calculator",
            "frozen_lake", "guess_number", "search_qa", "sokoban",
            "text_to_sql", "tic_tac_toe", "make", "names"]

@@ -29,6 +29,12 @@ and one IGPO's information gain reads (turn_credit "igpo"):
 
   answer(task) -> Tokens        the gold answer's content tokens (real tokens first)
 
+A two-player game for self-play (`rollout.self_play`, one policy on both
+sides) has `num_players = 2` and, instead of reset's observation and step's
+single reward, `to_move(state)` (whose reply `step` takes), `observe(state)`
+(that player's next message) and `step` returning a `GameStep` (a reward per
+player).
+
 Either kind may have a `preamble`: a worked example episode as chat messages
 ({"role": "user" | "assistant", "content": str}, starting with the user and
 ending with the assistant) that the rollout puts before every episode's first
@@ -78,6 +84,15 @@ class EnvStep(NamedTuple):
   reward: jax.Array  # f32[]
   done: jax.Array  # bool[]
   info: dict[str, jax.Array]
+
+
+class GameStep(NamedTuple):
+  """What a two-player game's `step` returns for one game (`rollout.self_play`)."""
+
+  state: Any
+  rewards: jax.Array  # f32[2] each player's reward for this move (the outcome when it ends)
+  done: jax.Array  # bool[]
+  info: dict[str, jax.Array]  # f32[2] each player's
 
 
 class HostStep(NamedTuple):

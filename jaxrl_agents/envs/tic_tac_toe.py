@@ -1,4 +1,4 @@
-"""Tic-tac-toe against a fixed opponent, the game from pgx, the board as text.
+"""Tic-tac-toe, the game from pgx, the board as text: against a fixed opponent, or self-play.
 
 Each turn the agent sees the board (free squares show their numbers 1-9, taken
 ones X or O) and answers with the number of a free square (the last number of
@@ -11,9 +11,20 @@ stepped inside jit like any JAX-native environment here.
 
 Reward: 1 for a win, -1 for a loss, 0 for a draw, when the game ends. A reply
 naming no free square is an invalid action (info["invalid"]) that costs a
-turn and changes nothing. info also counts success (wins), draws and losses.
+turn and changes nothing. info also counts success (wins), draws and
+defeats (not "loss": the metrics already use that name for the training loss).
 `state_key` is the board (from the agent's side), so GiGPO compares moves
 made from the same position.
+
+`tic_tac_toe_self_play` is the same game with the policy on both sides: a
+two-player environment for `rollout.self_play` (each side its own
+conversation, in the same words as above: a side's first message shows the
+intro and the board, each later one the opponent's move, "I took square k.",
+and the board). A reply naming no free square forfeits the game: -1 for the
+side that wrote it, 0 for the other (a format error is not a win to learn
+from). Its held-out evaluation plays the fixed random opponent
+(`evaluation_env`), so greedy play is measured against something outside the
+policy.
 """
 
 from __future__ import annotations
@@ -125,10 +136,83 @@ class TicTacToe:
         info={"invalid": (~valid).astype(jnp.float32),
               "success": (done & (reward > 0)).astype(jnp.float32),
               "draw": (done & (reward == 0)).astype(jnp.float32),
-              "loss": (done & (reward < 0)).astype(jnp.float32)})
+              "defeat": (done & (reward < 0)).astype(jnp.float32)})
 
   def state_key(self, state: State) -> jax.Array:
     return jnp.sum(self._board(state) * 3 ** jnp.arange(9)).astype(jnp.int32)
+
+
+class SelfPlayState(NamedTuple):
+  game: pgx.State
+  x: jax.Array  # int32[] pgx's id of player 0 (X, who moves first)
+  last_move: jax.Array  # int32[] the square taken last (-1: none yet)
+  spoken: jax.Array  # bool[2] each player has had a message
+
+
+class TicTacToeSelfPlay:
+  """Tic-tac-toe with the policy on both sides (see the module docstring).
+
+  The two-player protocol of `rollout.self_play`: player 0 moves first (X);
+  `to_move(state)` names the player whose reply `step` takes, `observe(state)`
+  writes that player's next message.
+  """
+
+  num_players = 2
+  evaluation_turns = 7  # the fixed-opponent game's: five moves and two invalid replies
+
+  def __init__(self, tokenizer):
+    # The fixed-opponent game's texts and reader; it is also the held-out opponent.
+    self.evaluation_env = pieces = TicTacToe(tokenizer, opponent="random")
+    self.pieces = pieces
+    self.obs_width = pieces.intro.ids.shape[-1] + pieces.obs_width
+
+  def sample_task(self, key: jax.Array) -> jax.Array:
+    """int32[] the game's seed (pgx's start; the policy's samples make the games differ)."""
+    return jax.random.randint(key, (), 0, jnp.iinfo(jnp.int32).max)
+
+  def reset(self, key: jax.Array, task: jax.Array) -> SelfPlayState:
+    del key
+    game = self.pieces.game.init(jax.random.key(task))
+    return SelfPlayState(game=game, x=game.current_player, last_move=jnp.int32(-1),
+                         spoken=jnp.zeros((2,), bool))
+
+  def to_move(self, state: SelfPlayState) -> jax.Array:
+    return jnp.where(state.game.current_player == state.x, 0, 1).astype(jnp.int32)
+
+  def observe(self, state: SelfPlayState) -> base.Tokens:
+    """The message of the player to move: the intro the first time, else the opponent's
+    last move; then the board from its side and the question."""
+    p, player = self.pieces, self.to_move(state)
+    first = ~state.spoken[player]
+    intro = base.row(p.intro, player)
+    status = base.row(p.status, jnp.clip(state.last_move, 0, 8))
+    return base.concat(base.Tokens(intro.ids, intro.mask & first),
+                       base.Tokens(status.ids, status.mask & ~first & (state.last_move >= 0)),
+                       p._render(state, player == 0), base.row(p.question, 0))
+
+  def step(self, state: SelfPlayState, action: base.Tokens) -> base.GameStep:
+    player = self.to_move(state)
+    number, found = base.last_number(self.pieces.reader, action)
+    square = number - 1
+    legal = state.game.legal_action_mask
+    valid = found & (square >= 0) & (square < 9) & legal[jnp.clip(square, 0, 8)]
+    moved = self.pieces.game.step(state.game, jnp.where(valid, square, jnp.argmax(legal)))
+    game = jax.tree.map(lambda a, b: jnp.where(valid, a, b), moved, state.game)
+    mover = jnp.arange(2) == player
+    outcome = game.rewards[jnp.stack([state.x, 1 - state.x])]  # pgx's ids -> (X, O)
+    rewards = jnp.where(valid, outcome, jnp.where(mover, -1.0, 0.0)).astype(jnp.float32)
+    done = ~valid | game.terminated
+    new = state._replace(game=game, last_move=jnp.where(valid, square, state.last_move),
+                         spoken=state.spoken | mover)
+    ended = lambda x: (done & valid & x).astype(jnp.float32)
+    return base.GameStep(state=new, rewards=rewards, done=done, info={
+        "success": ended(rewards > 0), "defeat": ended(rewards < 0), "draw": ended(rewards == 0),
+        "invalid": (mover & ~valid).astype(jnp.float32)})
+
+
+@registry.register("env", "tic_tac_toe_self_play")
+def make_self_play(tokenizer) -> TicTacToeSelfPlay:
+  return TicTacToeSelfPlay(tokenizer)
 
 
 @registry.register("env", "tic_tac_toe")

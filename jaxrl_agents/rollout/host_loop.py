@@ -259,7 +259,7 @@ def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
   rows = [list(template.opening) + tokenizer_lib.plain_ids(tok, text) + list(template.to_reply)
           for text in _first_messages(episodes, group_size, step_timeout_s, fails)]
   ids, mask = tokenizer_lib.pad_left(rows, 0, shapes.prompt_width(max(map(len, rows))))
-  block_width = len(template.to_user) + obs_tokens + len(template.to_reply)
+  block_width = multiturn.user_block_width(template, obs_tokens)
   answers = _answers(tok, env, tasks, group_size, answer_tokens, step_timeout_s, fails) \
       if score_answers else None
   context = _prefill(params, cfg, jnp.asarray(ids), jnp.asarray(mask),

@@ -99,6 +99,8 @@ class Episodes(NamedTuple):
       IGPO's `credit.igpo_turn_rewards` input; else None. Defined before each
       turn a row played; the columns after its last turn are not (no question
       was asked there: IGPO puts the return on the last turn instead).
+    roles: self-play (`rollout.self_play`): int32[B] the player each row played
+      (-1: a side that never moved); else None.
   """
 
   traj: types.Trajectory
@@ -107,6 +109,7 @@ class Episodes(NamedTuple):
   turn_keys: jax.Array
   turn_potentials: jax.Array
   answer_logp: jax.Array | None = None
+  roles: jax.Array | None = None
 
 
 def _const(ids: tuple[int, ...], batch: int) -> base.Tokens:
@@ -114,27 +117,50 @@ def _const(ids: tuple[int, ...], batch: int) -> base.Tokens:
                      jnp.ones((batch, len(ids)), bool))
 
 
-def _env_block(template: TurnTemplate, stop_tokens: tuple[int, ...], reply: base.Tokens,
-               obs: base.Tokens, keep: jax.Array) -> base.Tokens:
-  """The tokens appended after a reply: [end of turn] + to_user + obs + to_reply, left-padded.
+def reply_ended(reply: base.Tokens, token: int) -> jax.Array:
+  """bool[B]: each reply's last real token is `token` (a stop token it ended with)."""
+  lengths = reply.mask.sum(-1)
+  last = jnp.take_along_axis(reply.ids, jnp.maximum(lengths - 1, 0)[:, None], axis=1)[:, 0]
+  return (lengths > 0) & (last == token)
+
+
+def user_block(template: TurnTemplate, stop_tokens: tuple[int, ...], obs: base.Tokens,
+               keep: jax.Array, *, ended: jax.Array, first: jax.Array | None = None
+               ) -> base.Tokens:
+  """A user message after a reply: [end of turn] + to_user + obs + to_reply, left-padded.
 
   The end-of-turn token (to_user's first, when it is a stop token) is written
-  only for a reply that did not end with it (one cut at the budget). Rows with
-  keep False get an all-padding block.
+  only where the reply did not end with it (`ended` False: a reply cut at the
+  budget). Rows with `first` True get the message right after the template's
+  opening instead (no reply before it: obs + to_reply only); rows with keep
+  False get an all-padding block.
   """
   b = obs.ids.shape[0]
   to_user = template.to_user
+  after_reply = jnp.ones((b,), bool) if first is None else ~first
   closing = jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0), bool)
   if to_user and to_user[0] in stop_tokens:
-    lengths = reply.mask.sum(-1)
-    last = jnp.take_along_axis(reply.ids, jnp.maximum(lengths - 1, 0)[:, None], axis=1)[:, 0]
-    ended = (lengths > 0) & (last == to_user[0])
-    closing = (jnp.full((b, 1), to_user[0], jnp.int32), ~ended[:, None])
+    closing = (jnp.full((b, 1), to_user[0], jnp.int32), (~ended & after_reply)[:, None])
     to_user = to_user[1:]
-  block = base.concat(base.Tokens(*closing), _const(to_user, b), obs,
+  header = _const(to_user, b)
+  block = base.concat(base.Tokens(*closing),
+                      base.Tokens(header.ids, header.mask & after_reply[:, None]), obs,
                       _const(template.to_reply, b))
   block = base.Tokens(block.ids, block.mask & keep[:, None])
   return base.pack(block, side="left")
+
+
+def user_block_width(template: TurnTemplate, obs_width: int) -> int:
+  """The width of `user_block`'s blocks for observations of `obs_width`."""
+  return len(template.to_user) + obs_width + len(template.to_reply)
+
+
+def _env_block(template: TurnTemplate, stop_tokens: tuple[int, ...], reply: base.Tokens,
+               obs: base.Tokens, keep: jax.Array) -> base.Tokens:
+  """The tokens appended after a reply (`user_block`); rows with keep False get padding."""
+  to_user = template.to_user
+  ended = reply_ended(reply, to_user[0]) if to_user else jnp.ones(obs.ids.shape[:1], bool)
+  return user_block(template, stop_tokens, obs, keep, ended=ended)
 
 
 def prompt_tokens(env, template: TurnTemplate, tasks: Any, keys: jax.Array
@@ -170,7 +196,7 @@ def start(params, cfg: transformer.TransformerConfig, env, template: TurnTemplat
       raise ValueError(f"{type(env).__name__} has no answer(task): nothing to score")
     answers = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0),
                            jax.vmap(env.answer)(tasks))
-  block_width = len(template.to_user) + env.obs_width + len(template.to_reply)
+  block_width = user_block_width(template, env.obs_width)
   # Every turn, the last included, appends a block (the last one all padding),
   # and the gold answer is scored after the last: the cache has room for all of
   # them, so no write ever lands past its end.
@@ -279,9 +305,11 @@ def rollout(params, cfg: transformer.TransformerConfig, env, template: TurnTempl
                 score_answer(params, cfg, carry) if score_answers else None)
 
 
-def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
+def _trajectory(prompt_ids, prompt_mask, turns: dict, *, message_first: bool = False
+                ) -> types.Trajectory:
   """The Trajectory of scanned turns (leading axis K): replies and env blocks interleaved,
-  the last turn's (never appended) env block dropped."""
+  the last turn's (never appended) env block dropped; with `message_first`, each turn's
+  block comes before its reply (a user message, then the answer: `rollout.self_play`)."""
   num_turns, b = turns["live"].shape
   ids, valid, policy, turn_id, logp = [prompt_ids], [prompt_mask], [], [], []
   spans, column = [], prompt_ids.shape[1]
@@ -290,7 +318,10 @@ def _trajectory(prompt_ids, prompt_mask, turns: dict) -> types.Trajectory:
   logp.append(jnp.zeros(prompt_ids.shape, jnp.float32))
   for k in range(num_turns):
     reply, block = jax.tree.map(lambda x, k=k: x[k], (turns["reply"], turns["block"]))
-    pieces = [(reply, True)] + ([(block, False)] if k < num_turns - 1 else [])
+    if message_first:
+      pieces = [(block, False), (reply, True)]
+    else:
+      pieces = [(reply, True)] + ([(block, False)] if k < num_turns - 1 else [])
     for piece, is_reply in pieces:
       if is_reply:
         spans.append((column, piece.ids.shape[1]))
