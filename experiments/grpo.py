@@ -173,6 +173,8 @@ def settings_from_config(config) -> GRPOSettings:
     raise ValueError(f"kl_controller {name!r} moves the KL coefficient from kl_coef: set "
                      f"kl_coef > 0 (got {config.kl_coef})")
   rows = config.prompts_per_step * config.group_size
+  if config.advantage == ROLE_ADVANTAGE:
+    rows *= ROLES  # a row per side of each game
   if name == "adaptive" and controller.horizon < rows:
     raise ValueError(f"kl_controller.horizon {controller.horizon} is shorter than the {rows} "
                      "samples of one update: one step could move beta by more than 20% (and "
@@ -273,21 +275,28 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
 
 
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
+  """The per-side return baselines. Like SPIRAL's, the average moves once per game side in
+  batch order (decay per trajectory, not per step)."""
   return credit.role_baseline(ROLES, **dict(s.advantage_kwargs))
+
+
+@functools.lru_cache(maxsize=8)
+def _role_update(s: GRPOSettings):
+  return jax.jit(role_baseline(s).update)
 
 
 def role_advantages(s: GRPOSettings, r: rl_loop.Rollout, baseline: credit.RoleBaselineState
                     ) -> tuple[jax.Array, credit.RoleBaselineState]:
   """Self-play's f32[B] advantages (ROLE_ADVANTAGE) and the baselines after these returns.
 
-  A row whose side never moved (role -1) gets 0 and leaves the baselines alone.
+  A row with role -1 (a side that never moved, or a game the ply limit cut before
+  it had an outcome) gets 0 and leaves the baselines alone.
   """
   if r.roles is None:
     raise ValueError(f"advantage {ROLE_ADVANTAGE!r} needs each row's role: a self-play rollout "
                      "(a two-player environment) has them, this one has none")
   roles = jnp.asarray(r.roles, jnp.int32)
-  return role_baseline(s).update(jnp.asarray(r.rewards, jnp.float32), roles, baseline,
-                                 valid=roles >= 0)
+  return _role_update(s)(jnp.asarray(r.rewards, jnp.float32), roles, baseline, roles >= 0)
 
 
 def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Array,

@@ -46,20 +46,25 @@ def _text(tok, ids: np.ndarray, mask: np.ndarray) -> str:
 
 
 def episode_details(tok, traj) -> list[dict]:
-  """Per episode, for samples.jsonl: each turn's reply and environment text, and the
-  stream's real tokens with their policy mask and turn ids."""
+  """Per episode, for samples.jsonl: each turn's reply and environment text (and, where a
+  message comes before the first reply, as in self-play, that message), and the stream's
+  real tokens with their policy mask and turn ids."""
   tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
   policy, turn_id = np.asarray(traj.policy_mask), np.asarray(traj.turn_id)
   lp, out = traj.prompt_width, []
   for row in range(tokens.shape[0]):
-    turns, current = [], None
+    turns, current, before = [], None, []
     for col in np.flatnonzero(valid[row][lp:]) + lp:
       if policy[row, col] and (current is None or current["turn"] != turn_id[row, col]):
         current = {"turn": int(turn_id[row, col]), "reply": [], "env": []}
         turns.append(current)
       if current is not None:
         current["reply" if policy[row, col] else "env"].append(int(tokens[row, col]))
+      else:  # a message before the first reply (self-play: a side's first message)
+        before.append(int(tokens[row, col]))
+    first = {"first_message": tok.decode(before, skip_special_tokens=False)} if before else {}
     out.append({
+        **first,
         "turns": [{"reply": tok.decode(t["reply"], skip_special_tokens=False),
                    "env": tok.decode(t["env"], skip_special_tokens=False)} for t in turns],
         "tokens": tokens[row][valid[row]].tolist(),

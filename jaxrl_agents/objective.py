@@ -109,9 +109,12 @@ def loss_hyperparameters(policy_loss: str, per_loss: Mapping[str, Mapping[str, A
 
 def policy_token_budget(config) -> int:
   """The most policy tokens an episode can hold: max_new_tokens per turn, times max_turns for
-  an environment run (Dr. GRPO's normalizer; the budget `truncated_frac` compares with)."""
-  turns = config.get("max_turns", 1) if config.get("env") else 1
-  return int(config.max_new_tokens) * int(turns)
+  an environment run, of which a self-play side (advantage "rae") moves every other ply
+  (Dr. GRPO's normalizer; the budget `truncated_frac` compares with)."""
+  turns = int(config.get("max_turns", 1)) if config.get("env") else 1
+  if config.get("advantage", None) == "rae":
+    turns = -(-turns // 2)
+  return int(config.max_new_tokens) * turns
 
 
 def from_config(config) -> PolicyObjective:

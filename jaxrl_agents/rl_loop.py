@@ -65,8 +65,8 @@ class Rollout:
       turns, token ids and masks).
     turn_keys: optional int32[B, K], the environment state each turn was taken
       from (-1: none), for turn-level credit.
-    roles: optional int32[B], self-play: the player each row played (-1: a side
-      that never moved), for role-conditioned advantages.
+    roles: optional int32[B], self-play: the player each row played (-1: nothing
+      to credit), for role-conditioned advantages.
   """
 
   traj: types.Trajectory
@@ -139,7 +139,7 @@ def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[st
       "truncated_frac": float((lengths >= max_new_tokens).mean()),
       "prompts_truncated": r.prompts_truncated,
   }
-  if group_size > 1:
+  if group_size > 1 and r.roles is None:  # (self-play's rows are sides, not groups)
     # Groups whose rewards all tie give zero group-relative advantage: no signal.
     grouped = r.rewards.reshape(-1, group_size)
     out["zero_variance_groups"] = float((grouped.std(axis=1) == 0).mean())

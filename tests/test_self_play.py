@@ -85,9 +85,9 @@ def test_a_draw_and_a_forfeit_by_hand(tiny):
 
 
 class Relay:
-  """A two-player test game where every reply is a move: it ends after `length` plies, and
-  the task (0 or 1) says which player wins. Messages of three widths (padding inside the
-  blocks); info counts each player's moves."""
+  """A two-player test game where every reply is a move: it ends after `length` plies (task
+  1's games one ply earlier), and the task (0 or 1) says which player wins. Messages of
+  three widths (padding inside the blocks); info counts each player's moves."""
 
   num_players = 2
 
@@ -113,7 +113,7 @@ class Relay:
   def step(self, state, action):
     del action
     ply, winner = state
-    done = ply + 1 >= self.length
+    done = ply + 1 >= self.length - winner
     outcome = jnp.where(jnp.arange(2) == winner, 1.0, -1.0)
     return base.GameStep(state=(ply + 1, winner), rewards=jnp.where(done, outcome, 0.0),
                          done=done, info={"moves": (jnp.arange(2) == ply % 2).astype(jnp.float32)})
@@ -191,16 +191,22 @@ def test_scanned_plies_equal_a_python_loop_that_reprefills_each_side(tiny, tempe
   for k, ply in enumerate(replies):
     for i, reply in enumerate(ply):
       assert tokens[i][policy[i] & (turn_id[i] == k)].tolist() == reply
-  # Player 0 moves at even plies, player 1 at odd ones; a 5-ply game: 3 and 2 moves.
+  # Player 0 moves at even plies, player 1 at odd ones: task 0's games take 5 plies (3 and
+  # 2 moves), task 1's 4 (2 and 2); after its game ends a row writes nothing.
   live = np.asarray(traj.turn_mask)
-  np.testing.assert_array_equal(live[0::2], [[1, 0, 1, 0, 1, 0]] * 4)
-  np.testing.assert_array_equal(live[1::2], [[0, 1, 0, 1, 0, 0]] * 4)
+  np.testing.assert_array_equal(live[0:4:2], [[1, 0, 1, 0, 1, 0]] * 2)
+  np.testing.assert_array_equal(live[1:4:2], [[0, 1, 0, 1, 0, 0]] * 2)
+  np.testing.assert_array_equal(live[4::2], [[1, 0, 1, 0, 0, 0]] * 2)
+  np.testing.assert_array_equal(live[5::2], [[0, 1, 0, 1, 0, 0]] * 2)
+  start, width = traj.reply_spans[3]
+  assert not valid[4:, start + width:].any()  # task 1's games are over after ply 3
   # Each side's outcome sits on its last move: task 0's games player 0 wins, task 1's player 1.
   rewards = np.asarray(traj.turn_rewards)
   np.testing.assert_array_equal(np.asarray(traj.rewards), [1, -1, 1, -1, -1, 1, -1, 1])
-  assert rewards[0, 4] == 1 and rewards[1, 3] == -1 and np.count_nonzero(rewards) == 8
+  assert rewards[0, 4] == 1 and rewards[1, 3] == -1 and rewards[4, 2] == -1
+  assert np.count_nonzero(rewards) == 8
   np.testing.assert_array_equal(eps.roles, [0, 1] * 4)
-  np.testing.assert_array_equal(eps.info["moves"], [3, 2] * 4)
+  np.testing.assert_array_equal(eps.info["moves"], [3, 2, 3, 2, 2, 2, 2, 2])
   np.testing.assert_array_equal(eps.info["unfinished"], [0] * 8)
   assert (policy == (turn_id >= 0)).all()
 
@@ -229,6 +235,7 @@ def test_a_game_cut_by_the_ply_limit_ends_unrewarded(tiny):
   np.testing.assert_array_equal(eps.traj.rewards, [0, 0])
   np.testing.assert_array_equal(eps.info["unfinished"], [1, 1])
   np.testing.assert_array_equal(eps.turns, [2, 1])
+  np.testing.assert_array_equal(eps.roles, [-1, -1])  # no outcome: nothing to credit
 
 
 def test_tic_tac_toe_self_play_rollout_counts_forfeits_and_roles(tiny):
@@ -243,12 +250,17 @@ def test_tic_tac_toe_self_play_rollout_counts_forfeits_and_roles(tiny):
   traj = eps.traj.check()
   invalid = np.asarray(eps.info["invalid"])
   roles, policy = np.asarray(eps.roles), np.asarray(traj.policy_mask)
+  rewards, info = np.asarray(traj.rewards), {k: np.asarray(v) for k, v in eps.info.items()}
   assert invalid[0::2].sum() >= 1
   for g in range(4):
     x, o = 2 * g, 2 * g + 1
-    if invalid[x]:  # X forfeited on its first reply
-      assert roles[o] == -1 and not policy[o].any() and traj.rewards[x] == -1
-    assert roles[x] == 0
+    assert roles[x] == 0 and info["unfinished"][x] == 0
+    if invalid[x]:  # X forfeited on its first reply: O never moved, nothing to credit
+      assert roles[o] == -1 and not policy[o].any()
+      assert rewards[x] == -1 and rewards[o] == 0
+      assert info["success"][o] == 0 and info["defeat"][x] == 0  # a forfeit is no game
+    # A finished game: the two sides' outcomes are a win and a loss, a draw, or a forfeit.
+    assert (rewards[x], rewards[o]) in {(1, -1), (-1, 1), (0, 0), (-1, 0), (0, -1)}
 
 
 def _rollout(rewards, roles):
@@ -339,7 +351,11 @@ def test_tiny_self_play_run_writes_both_sides_and_resumes_exactly(tmp_path):
   evals = records(full, "eval")  # against the fixed opponent, on either side
   assert [r["step"] for r in evals] == [0, 2, 4] and "defeat" in evals[0]
   samples = metrics_lib.read_jsonl(os.path.join(full, "samples.jsonl"))
-  assert any("You are X" in s["completion"] for s in samples if s["kind"] == "train")
+  train_samples = [s for s in samples if s["kind"] == "train"]
+  assert any("You are X" in s["completion"] for s in train_samples)
+  # Each side's first message comes before its first reply: samples keep it apart.
+  assert any(s.get("first_message", "").startswith("Tic-tac-toe. You are X")
+             for s in train_samples)
   part = str(tmp_path / "part")
   config.steps = 2
   grpo.train(config, part, progress=False)
@@ -348,3 +364,24 @@ def test_tiny_self_play_run_writes_both_sides_and_resumes_exactly(tmp_path):
   strip = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
                       for r in rs]
   assert strip(records(part, "train")) == strip(train)
+
+
+def test_a_sides_message_block_by_hand():
+  """user_block's four cases: a first message (no closing, no header), a message after a
+  reply that ended with the end-of-turn token (header only), one after a reply cut at the
+  budget (closing token + header), and a row that is not moving (padding only)."""
+  template = multiturn.TurnTemplate(opening=(1, 2), to_reply=(8, 9), to_user=(5, 6))
+  obs = base.Tokens(jnp.asarray([[40, 41, 0]] * 4), jnp.asarray([[True, True, False]] * 4))
+  block = multiturn.user_block(template, (5,), obs, jnp.asarray([True, True, True, False]),
+                               ended=jnp.asarray([False, True, False, False]),
+                               first=jnp.asarray([True, False, False, False]))
+  rows = [np.asarray(block.ids[i])[np.asarray(block.mask[i])].tolist() for i in range(4)]
+  assert rows == [[40, 41, 8, 9], [6, 40, 41, 8, 9], [5, 6, 40, 41, 8, 9], []]
+  assert bool(block.mask[0, -1]) and not bool(block.mask[0, 0])  # left-padded
+  # A template whose user header does not start with a stop token: always written whole.
+  template = multiturn.TurnTemplate(opening=(1, 2), to_reply=(8, 9), to_user=(7, 6))
+  two = base.Tokens(obs.ids[:2], obs.mask[:2])
+  block = multiturn.user_block(template, (5,), two, jnp.asarray([True, True]),
+                               ended=jnp.asarray([True, False]), first=jnp.asarray([False, True]))
+  rows = [np.asarray(block.ids[i])[np.asarray(block.mask[i])].tolist() for i in range(2)]
+  assert rows == [[7, 6, 40, 41, 8, 9], [40, 41, 8, 9]]

@@ -100,7 +100,8 @@ class Episodes(NamedTuple):
       turn a row played; the columns after its last turn are not (no question
       was asked there: IGPO puts the return on the last turn instead).
     roles: self-play (`rollout.self_play`): int32[B] the player each row played
-      (-1: a side that never moved); else None.
+      (-1: nothing to credit, a side that never moved or an unfinished game); else
+      None.
   """
 
   traj: types.Trajectory

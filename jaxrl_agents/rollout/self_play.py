@@ -19,8 +19,10 @@ sampled and conditioned on:
 Both blocks of a ply are padding in the row that did not move. `turn_id` is
 the ply, `turn_mask[:, k]` says the row moved at ply k, and each row's reward
 (its side's outcome) sits on its last move. `Episodes.roles` holds each row's
-player (-1 for a side that never moved, when the game ended on the first
-reply) for role-conditioned advantages (`credit.role_baseline`, SPIRAL's RAE).
+player for role-conditioned advantages (`credit.role_baseline`, SPIRAL's RAE),
+or -1 where there is nothing to credit: a side that never moved (the game
+ended on the first reply; a game must then give that side no reward) and both
+sides of a game the ply limit cut before it had an outcome.
 
 The two-player protocol (`envs.tic_tac_toe.TicTacToeSelfPlay`):
 
@@ -67,6 +69,14 @@ def check_env(env) -> None:
   missing = [m for m in ("to_move", "observe") if not hasattr(env, m)]
   if missing:
     raise ValueError(f"{type(env).__name__} has no {', '.join(missing)}: not a two-player game")
+
+
+def _check_per_player(env, step, games: int) -> None:
+  """A reward or info entry per game instead of per player would broadcast silently."""
+  for name, value in [("rewards", step.rewards), *step.info.items()]:
+    if value.shape != (games, PLAYERS):
+      raise ValueError(f"{type(env).__name__}.step's {name} must be f32[{PLAYERS}] (one per "
+                       f"player), got shape {value.shape[1:]}")
 
 
 def _per_row(x: jax.Array) -> jax.Array:
@@ -122,6 +132,7 @@ def play_ply(params, cfg: transformer.TransformerConfig, env, template: multitur
   action = jax.tree.map(lambda x: x.reshape(games, PLAYERS, -1)[jnp.arange(games), mover],
                         reply)
   step = jax.vmap(env.step)(carry.games, action)
+  _check_per_player(env, step, games)
   states = jax.tree.map(lambda new, old: jnp.where(
       live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), step.state, carry.games)
   over = live & step.done
@@ -148,12 +159,13 @@ def finish(opening: base.Tokens, plies: dict) -> multiturn.Episodes:
   traj = multiturn._trajectory(jnp.repeat(opening.ids, b, 0), jnp.repeat(opening.mask, b, 0),
                                turns, message_first=True)
   info = {name: v.sum(0) for name, v in plies["info"].items()}
-  info["unfinished"] = (~plies["over"].any(0)).astype(jnp.float32)
+  finished = plies["over"].any(0)
+  info["unfinished"] = (~finished).astype(jnp.float32)
   player = jnp.arange(b, dtype=jnp.int32) % PLAYERS
   return multiturn.Episodes(
       traj=traj, info=info, turns=live.sum(1).astype(jnp.int32),
       turn_keys=jnp.full((b, k), -1, jnp.int32), turn_potentials=jnp.zeros((b, k), jnp.float32),
-      roles=jnp.where(played, player, -1))
+      roles=jnp.where(played & finished, player, -1))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "template", "sampling", "group_size",
