@@ -16,6 +16,8 @@ reached turn k; the analysis notebook's heatmaps read `turn<k>/...`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -213,8 +215,7 @@ def make(config, model: zoo.Model):
 
   def collect(params, examples, rng):
     del examples
-    task_rng, play_rng = jax.random.split(rng)
-    tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
+    tasks, play_rng = _step_tasks(config, sample_tasks, rng)
     eps = multiturn.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
                             group_size=config.group_size, num_turns=config.max_turns,
                             score_answers=igpo)
@@ -222,6 +223,12 @@ def make(config, model: zoo.Model):
                       information_gain=igpo), episode_metrics(eps)
 
   return collect, _evaluator(config, model, env, template, config.max_turns), NoData()
+
+
+def _step_tasks(config, sample_tasks, rng: jax.Array) -> tuple[Any, jax.Array]:
+  """The step's `prompts_per_step` tasks, drawn from its key, and the key to play them with."""
+  task_rng, play_rng = jax.random.split(rng)
+  return sample_tasks(jax.random.split(task_rng, config.prompts_per_step)), play_rng
 
 
 def _evaluator(config, model: zoo.Model, env, template: multiturn.TurnTemplate, turns: int):
@@ -265,8 +272,7 @@ def _make_self_play(config, model: zoo.Model, env):
 
   def collect(params, examples, rng):
     del examples
-    task_rng, play_rng = jax.random.split(rng)
-    tasks = sample_tasks(jax.random.split(task_rng, config.prompts_per_step))
+    tasks, play_rng = _step_tasks(config, sample_tasks, rng)
     eps = self_play.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
                             group_size=config.group_size, num_plies=config.max_turns)
     seeds = np.repeat(np.asarray(jax.device_get(jax.tree.leaves(tasks)[0])),
