@@ -37,7 +37,7 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import transformer
-from jaxrl_agents.rollout import scoring
+from jaxrl_agents.rollout import scoring, self_play
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ TURN_CREDITS = ("episode", "turn", "gigpo", "igpo")
 # exponential moving average of its side's returns (`credit.role_baseline`, carried in the
 # train state), so the first mover's edge is not credited to its moves. advantage_kwargs:
 # decay (the paper's 0.95).
-ROLE_ADVANTAGE = "rae"
-ROLES = 2
+ROLE_ADVANTAGE = self_play.ADVANTAGE
+ROLES = self_play.PLAYERS
 
 
 def make_kl_controller(s: GRPOSettings) -> kl_control.KLController:

@@ -199,7 +199,7 @@ def make(config, model: zoo.Model):
   shaping = _check_credit(config, env)
   igpo = _uses_igpo(config)
   two_players = getattr(env, "num_players", 1) > 1
-  if two_players != (config.get("advantage", None) == "rae"):
+  if two_players != (config.get("advantage", None) == self_play.ADVANTAGE):
     raise ValueError(
         f"{config.env!r} is a two-player game: self-play trains it with GRPO's advantage 'rae'"
         if two_players else

@@ -28,6 +28,7 @@ from jaxrl_agents.losses import entropy as entropy_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import token_controls
 from jaxrl_agents.losses.aggregation import aggregate, masked_mean
+from jaxrl_agents.rollout import self_play
 
 # Token controls: which policy tokens keep their gradient (losses/token_controls.py).
 TOKEN_CONTROLS = ("none", "covariance_clip", "entropy_gate")
@@ -112,8 +113,8 @@ def policy_token_budget(config) -> int:
   an environment run, of which a self-play side (advantage "rae") moves every other ply
   (Dr. GRPO's normalizer; the budget `truncated_frac` compares with)."""
   turns = int(config.get("max_turns", 1)) if config.get("env") else 1
-  if config.get("advantage", None) == "rae":
-    turns = -(-turns // 2)
+  if config.get("advantage", None) == self_play.ADVANTAGE:
+    turns = -(-turns // self_play.PLAYERS)
   return int(config.max_new_tokens) * turns
 
 

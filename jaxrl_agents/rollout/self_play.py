@@ -48,6 +48,8 @@ from jaxrl_agents.rollout import multiturn
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 PLAYERS = 2
+# The advantage self-play trains with (GRPO's config.advantage): SPIRAL's role-conditioned one.
+ADVANTAGE = "rae"
 
 
 class Carry(NamedTuple):
