@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -39,6 +40,23 @@ def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
   """
   path = os.fspath(path)
   rows: list[dict[str, Any]] = []
+  for where, row in read_objects(path):
+    for field in (prompt_field, answer_field):
+      if row.get(field) is None:
+        raise ValueError(f"{where}: missing field {field!r} (fields: {sorted(row)})")
+    if not isinstance(row[prompt_field], str):
+      raise ValueError(f"{where}: field {prompt_field!r} must be a string, got "
+                       f"{type(row[prompt_field]).__name__}")
+    rows.append(row)
+  if not rows:
+    raise ValueError(f"{path}: no rows (the file is empty or blank)")
+  return rows
+
+
+def read_objects(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
+  """("FILE:LINE", row) for each non-blank line of a JSONL file, every row a JSON object of
+  text (UTF-8, no lone surrogates); a line that is not names its file and line."""
+  path = os.fspath(path)
   with open(path, "rb") as f:
     for line_number, raw in enumerate(f, start=1):
       where = f"{path}:{line_number}"
@@ -55,16 +73,7 @@ def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
       if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
       _check_text(row, where)
-      for field in (prompt_field, answer_field):
-        if row.get(field) is None:
-          raise ValueError(f"{where}: missing field {field!r} (fields: {sorted(row)})")
-      if not isinstance(row[prompt_field], str):
-        raise ValueError(f"{where}: field {prompt_field!r} must be a string, got "
-                         f"{type(row[prompt_field]).__name__}")
-      rows.append(row)
-  if not rows:
-    raise ValueError(f"{path}: no rows (the file is empty or blank)")
-  return rows
+      yield where, row
 
 
 def _check_text(value: Any, where: str, field: str = "") -> None:

@@ -1,0 +1,106 @@
+r"""A Bradley-Terry outcome reward model for arithmetic answers, on the embedded SmolLM2-135M.
+
+  python -m experiments.reward_model \
+      --config=experiments/configs/reward_model_arithmetic.py --workdir=runs/rm_arithmetic
+
+Pairs: the embedded model answers each question `group_size` times
+(temperature 0.5); a reply the strict grader accepts is preferred to one it
+rejects. Training pairs come from `train_prompts` questions of the
+`arithmetic/mixed` train split, held-out pairs from its 100 test questions,
+whose `group_size` replies are also the best-of-N candidates: each evaluation
+reports the reward model's pick among them against the greedy reply.
+
+Variants (`--config=...reward_model_arithmetic.py:VARIANT`):
+  tiny   the tiny random model, a few small steps, every artifact (seconds).
+"""
+
+import ml_collections
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = "smollm2-135m-instruct"
+  c.dtype = "float32"
+
+  # Pairs from your own JSONL ({"prompt", "chosen", "rejected"} per line); when
+  # pairs_jsonl is empty they are generated from `task` (below).
+  c.pairs_jsonl = ""
+  c.eval_pairs_jsonl = ""  # held-out pairs (else the first eval_size training pairs)
+  c.eval_size = 1000  # held-out pairs scored per evaluation (at most)
+  # Generated pairs: the policy model samples `group_size` replies per question,
+  # the grader splits them into accepted and rejected. They are written to
+  # `pairs_dir` (default <workdir>/pairs) and reused while the settings match.
+  c.task = "arithmetic/mixed"
+  c.eval_split = "test"
+  c.prompt_template = "{question} Answer with just the number."
+  c.system_prompt = ""
+  c.chat = True
+  c.grader = "math_strict"  # a registered reward: 1 accepts a reply
+  c.grader_kwargs = ml_collections.ConfigDict()
+  c.pairs_dir = ""
+  c.generation = ml_collections.ConfigDict(dict(
+      train_prompts=1000,  # training questions (the first of the train split)
+      eval_prompts=100,    # held-out questions (the first of eval_split)
+      group_size=8, temperature=0.5, max_new_tokens=24, max_pairs_per_prompt=4,
+      batch_prompts=16))
+
+  # The reward model: the policy model's backbone and a scalar head, read at the
+  # reply's end-of-turn token ("last") or averaged over the sequence ("mean").
+  # frozen_layers: the embedding and the first k layers get no gradient (and no
+  # backward pass).
+  c.reward_model = ml_collections.ConfigDict(dict(
+      pooling="last", frozen_layers=20, max_len=128, head_scale=0.0))
+  c.margin = 0.0  # Bradley-Terry margin (Llama 2's); 0 is the plain loss
+
+  c.steps = 150
+  c.pairs_per_step = 16
+  c.minibatches = 1
+  c.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=1e-5, warmup_updates=10, decay="cosine", end_fraction=0.1, clock="updates",
+      weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
+  c.max_consecutive_nonfinite = 5
+  c.time_budget_s = 0.0
+  c.eval_every_s = 0.0
+
+  # Best-of-N on the held-out questions at each evaluation (generated pairs only).
+  c.vote_temperature = 1.0  # softmax temperature of the reward-weighted vote
+  c.score_batch_size = 32
+
+  c.eval_every = 50
+  c.checkpoint_every = 50
+  c.keep_checkpoints = 2
+  c.sample_every = 25
+  c.samples_per_log = 8
+  c.tensorboard = True
+  c.start_over = False
+
+  if variant == "tiny":
+    return _tiny(c)
+  if variant:
+    raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")
+  return c
+
+
+def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The tiny random model. It never answers right, so its replies are graded on length
+  (under 6 characters), which varies within most groups."""
+  c.model = "tiny"
+  c.task = "arithmetic/add1"
+  c.grader = "short_reply"
+  c.grader_kwargs = ml_collections.ConfigDict(dict(max_chars=6))
+  c.generation.update(dict(train_prompts=16, eval_prompts=8, group_size=4, temperature=1.0,
+                           max_new_tokens=8, max_pairs_per_prompt=2, batch_prompts=8))
+  c.reward_model.frozen_layers = 1
+  c.reward_model.max_len = 96
+  c.eval_size = 16
+  c.score_batch_size = 8
+  c.steps = 4
+  c.pairs_per_step = 4
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.warmup_updates = 0
+  c.optimizer.decay = "constant"  # the resume test stops at step 2 of a 4-step run
+  c.eval_every = 2
+  c.checkpoint_every = 1
+  c.sample_every = 1
+  return c

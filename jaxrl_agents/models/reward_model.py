@@ -1,0 +1,194 @@
+"""Reward and value networks: a causal-LM backbone plus a scalar head, as pure functions.
+
+  params = {"backbone": transformer params, "head": {"w": f32[D], "b": f32[]}}
+
+The backbone starts as a copy of a causal LM (its LM head unused); the head is
+`heads.init_scalar_head`. Every function takes tokens int[B, T] and a mask
+bool[B, T] of the real tokens (left or right padding, anything the mask
+describes) and runs under jit:
+
+  token_scores(params, tokens, mask)     f32[B, T]  a score at every real token
+                                                     (values; process rewards)
+  outcome_rewards(params, tokens, mask)  f32[B]     one score per sequence, read at
+                                                     its last real token ("last") or
+                                                     averaged over them ("mean")
+  step_rewards(params, tokens, mask, step_ends)   f32[B, T]  scores at the step ends
+                                                     only (a process reward model)
+
+`frozen_layers` = k stops the gradient at the embedding and the first k
+layers: their weights get no update and, because nothing below layer k needs
+a gradient, XLA drops their backward pass, so a reward model trains at a
+fraction of a full fine-tune's cost.
+
+`encode_pairs`/`encode_texts` turn (prompt, response) texts into the
+sequences a reward model reads: the prompt through the chat template, the
+response as plain text (special-token text in it stays text), then the
+end-of-turn token, whose hidden state has seen the whole response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents.models import heads, transformer
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+
+POOLINGS = ("last", "mean")
+
+
+def init(backbone, rng: jax.Array, cfg: transformer.TransformerConfig, head_scale: float = 0.0
+         ) -> dict:
+  """A reward model on a copy of `backbone` (a causal LM's params) and a fresh scalar head."""
+  return {"backbone": jax.tree.map(jnp.copy, backbone),
+          "head": heads.init_scalar_head(rng, cfg.d_model, head_scale)}
+
+
+def check_frozen_layers(frozen_layers: int, cfg: transformer.TransformerConfig) -> None:
+  if not 0 <= frozen_layers <= cfg.n_layers:
+    raise ValueError(f"frozen_layers must be in [0, {cfg.n_layers}] (the model's layers), "
+                     f"got {frozen_layers}")
+
+
+def freeze(backbone, frozen_layers: int):
+  """The backbone with the embedding and the first `frozen_layers` layers under stop_gradient."""
+  if not frozen_layers:
+    return backbone
+  out = dict(backbone)
+  out["embed"] = jax.lax.stop_gradient(backbone["embed"])
+  out["layers"] = [jax.lax.stop_gradient(layer) if i < frozen_layers else layer
+                   for i, layer in enumerate(backbone["layers"])]
+  return out
+
+
+def hidden_states(params, tokens: jax.Array, mask: jax.Array, *,
+                  cfg: transformer.TransformerConfig, frozen_layers: int = 0) -> jax.Array:
+  """Final normalized hidden states f[B, T, D]; each real token sees the real ones before it."""
+  check_frozen_layers(frozen_layers, cfg)
+  hidden, _ = transformer.apply(
+      freeze(params["backbone"], frozen_layers), tokens, transformer.positions_from_mask(mask),
+      cfg, segment_ids=mask.astype(jnp.int32), return_hidden=True,
+      num_positions=tokens.shape[1])
+  return hidden
+
+
+def token_scores(params, tokens: jax.Array, mask: jax.Array, *,
+                 cfg: transformer.TransformerConfig, frozen_layers: int = 0) -> jax.Array:
+  """f32[B, T]: the head's score at every real token (0 at padding)."""
+  scores = heads.apply_scalar_head(
+      params["head"], hidden_states(params, tokens, mask, cfg=cfg, frozen_layers=frozen_layers))
+  return jnp.where(mask, scores, 0.0)
+
+
+def last_index(mask: jax.Array) -> jax.Array:
+  """int32[B]: the column of each row's last real token (0 for a row with none)."""
+  t = mask.shape[1]
+  return jnp.where(mask.any(axis=1), t - 1 - jnp.argmax(mask[:, ::-1], axis=1), 0
+                   ).astype(jnp.int32)
+
+
+def outcome_rewards(params, tokens: jax.Array, mask: jax.Array, *,
+                    cfg: transformer.TransformerConfig, pooling: str = "last",
+                    frozen_layers: int = 0) -> jax.Array:
+  """f32[B]: one reward per sequence, the score at its last real token or the mean over
+  its real tokens (`pooling`)."""
+  if pooling not in POOLINGS:
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+  scores = token_scores(params, tokens, mask, cfg=cfg, frozen_layers=frozen_layers)
+  if pooling == "last":
+    return jnp.take_along_axis(scores, last_index(mask)[:, None], axis=1)[:, 0]
+  count = mask.sum(axis=1)
+  return scores.sum(axis=1) / jnp.maximum(count, 1)
+
+
+def step_rewards(params, tokens: jax.Array, mask: jax.Array, step_ends: jax.Array, *,
+                 cfg: transformer.TransformerConfig, frozen_layers: int = 0) -> jax.Array:
+  """f32[B, T]: a process reward model's score at each step end (`step_ends` bool[B, T],
+  e.g. `step_end_mask`), 0 elsewhere."""
+  scores = token_scores(params, tokens, mask, cfg=cfg, frozen_layers=frozen_layers)
+  return jnp.where(step_ends & mask, scores, 0.0)
+
+
+def step_end_mask(tokens: jax.Array, separator_ids: Sequence[int]) -> jax.Array:
+  """bool[B, T]: where a token is one of the step separators (e.g. the newline's ids)."""
+  return jnp.isin(tokens, jnp.asarray(list(separator_ids), tokens.dtype))
+
+
+# ----------------------------------------------------------------------------
+# Texts to sequences.
+
+
+def response_ids(tok, prompt: str, response: str, *, chat: bool = True,
+                 system: str | None = None) -> list[int]:
+  """Token ids of one (prompt, response): the chat prompt, the response as plain text, and
+  the token that closes the response (`end_token`)."""
+  if chat:
+    ids = tokenizer_lib.encode_chat(tok, prompt, system)[0]
+  else:
+    ids = tokenizer_lib.plain_ids(tok, prompt)
+  return ids + tokenizer_lib.plain_ids(tok, response) + [end_token(tok)]
+
+
+def end_token(tok) -> int:
+  """The token a reply ends with: EOS (an instruct model's end of turn, SmolLM2's
+  <|im_end|>), else the first stop token."""
+  return tok.eos_token_id if tok.eos_token_id is not None else tokenizer_lib.stop_token_ids(tok)[0]
+
+
+def bucket_width(length: int, multiple: int = 32) -> int:
+  """The padded width of a batch whose longest sequence has `length` tokens: a multiple of
+  `multiple`, so a stream of batches compiles a handful of shapes, not one per length."""
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_len: int,
+                 chat: bool = True, system: str | None = None, width: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(tokens int32[B, W], mask bool[B, W], truncated bool[B]) of (prompt, response) texts.
+
+  Right-aligned (left padding), so every row's last column is its end-of-turn
+  token. A sequence longer than `max_len` keeps its last `max_len` tokens (the
+  end of the response, which the reward reads) and is flagged as truncated.
+  W is `width`, or the bucketed length of the longest row.
+  """
+  if len(prompts) != len(responses):
+    raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+  rows, truncated = [], []
+  for p, r in zip(prompts, responses, strict=True):
+    ids = response_ids(tok, p, r, chat=chat, system=system)
+    truncated.append(len(ids) > max_len)
+    rows.append(ids[-max_len:])
+  if width is None:
+    width = min(bucket_width(max(len(r) for r in rows)), max(max_len, 1))
+  tokens, mask = tokenizer_lib.pad_left(rows, tok.pad_token_id, width)
+  return tokens, mask, np.asarray(truncated, bool)
+
+
+# ----------------------------------------------------------------------------
+# Evaluation of a reward model on held-out pairs.
+
+
+def pair_calibration(margins, bins: int = 10) -> dict[str, float]:
+  """Pair accuracy, mean margin and expected calibration error of held-out pairs.
+
+  `margins` f32[N] are r(chosen) - r(rejected). The Bradley-Terry model
+  prefers the side with the higher reward, with confidence
+  c = sigmoid(|margin|) in [0.5, 1]; it is right when margin > 0 (a tie
+  counts half). The confidences fall in `bins` equal-width bins over
+  [0.5, 1], and ECE = sum_b (n_b / N) |accuracy_b - mean confidence_b|: 0
+  for a calibrated model; one always 90% sure and right 60% of the time
+  scores 0.3.
+  """
+  margins = np.asarray(margins, np.float64)
+  if margins.ndim != 1 or not len(margins):
+    raise ValueError(f"margins must be a non-empty [N] array, got shape {margins.shape}")
+  conf = 1.0 / (1.0 + np.exp(-np.abs(margins)))
+  right = np.where(margins > 0, 1.0, np.where(margins < 0, 0.0, 0.5))
+  which = np.minimum(((conf - 0.5) * 2 * bins).astype(int), bins - 1)
+  ece = sum(float((which == b).mean()) * abs(right[which == b].mean() - conf[which == b].mean())
+            for b in range(bins) if (which == b).any())
+  return {"pair_accuracy": float(right.mean()), "reward_margin": float(margins.mean()),
+          "calibration_error": float(ece)}

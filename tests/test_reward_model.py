@@ -1,0 +1,250 @@
+"""Reward models: the networks, pair data, best-of-N, and the Bradley-Terry trainer."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import reward_model as rm_experiment
+from experiments.configs import reward_model_arithmetic
+from jaxrl_agents import best_of_n
+from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.data import preferences
+from jaxrl_agents.models import heads, transformer, zoo
+from jaxrl_agents.models import reward_model as rm_lib
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return zoo.load("tiny")
+
+
+def _params(model, seed=1):
+  return rm_lib.init(model.params, jax.random.key(seed), model.cfg, head_scale=0.5)
+
+
+def test_outcome_reward_is_the_head_at_the_last_real_token_whatever_the_padding(tiny):
+  """Against an unpadded forward of each sequence alone: left padding, right padding and
+  different lengths in one batch give each row the head of its own last hidden state."""
+  params = _params(tiny)
+  seqs = [[3, 17, 42, 9, 5], [8, 8, 21], [30, 2, 2, 7, 11, 4]]
+  expected = []
+  for s in seqs:
+    tokens = jnp.asarray([s])
+    hidden, _ = transformer.apply(params["backbone"], tokens, jnp.arange(len(s))[None],
+                                  tiny.cfg, return_hidden=True)
+    expected.append(float(heads.apply_scalar_head(params["head"], hidden[0, -1])))
+  width = 8
+  left = np.zeros((3, width), np.int32)
+  left_mask = np.zeros((3, width), bool)
+  right, right_mask = left.copy(), left_mask.copy()
+  for i, s in enumerate(seqs):
+    left[i, width - len(s):], left_mask[i, width - len(s):] = s, True
+    right[i, :len(s)], right_mask[i, :len(s)] = s, True
+  for tokens, mask in ((left, left_mask), (right, right_mask)):
+    got = rm_lib.outcome_rewards(params, jnp.asarray(tokens), jnp.asarray(mask), cfg=tiny.cfg)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_mean_pooling_and_step_rewards_by_hand(tiny):
+  params = _params(tiny)
+  tokens = jnp.asarray([[0, 0, 5, 10, 6, 10], [4, 10, 4, 4, 10, 7]])
+  mask = jnp.asarray([[False, False, True, True, True, True], [True] * 6])
+  scores = np.asarray(rm_lib.token_scores(params, tokens, mask, cfg=tiny.cfg))
+  assert (scores[0, :2] == 0).all()
+  mean = rm_lib.outcome_rewards(params, tokens, mask, cfg=tiny.cfg, pooling="mean")
+  np.testing.assert_allclose(np.asarray(mean), [scores[0, 2:].mean(), scores[1].mean()],
+                             rtol=1e-5)
+  ends = rm_lib.step_end_mask(tokens, [10])
+  steps = np.asarray(rm_lib.step_rewards(params, tokens, mask, ends, cfg=tiny.cfg))
+  np.testing.assert_array_equal(steps != 0, np.asarray(tokens) == 10)
+  np.testing.assert_allclose(steps[np.asarray(tokens) == 10], scores[np.asarray(tokens) == 10])
+  with pytest.raises(ValueError, match="pooling"):
+    rm_lib.outcome_rewards(params, tokens, mask, cfg=tiny.cfg, pooling="max")
+
+
+def test_frozen_layers_get_no_gradient_and_change_no_value(tiny):
+  params = _params(tiny)
+  tokens = jnp.asarray([[3, 17, 42, 9, 5, 6]])
+  mask = jnp.ones_like(tokens, bool)
+
+  def reward(p, k):
+    return rm_lib.outcome_rewards(p, tokens, mask, cfg=tiny.cfg, frozen_layers=k).sum()
+
+  np.testing.assert_allclose(reward(params, 1), reward(params, 0), rtol=1e-6)
+  grads = jax.grad(reward)(params, 1)
+  assert not np.any(np.asarray(grads["backbone"]["embed"]))
+  assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads["backbone"]["layers"][0]))
+  assert np.any(np.asarray(grads["backbone"]["layers"][1]["wq"]))
+  assert np.any(np.asarray(grads["head"]["w"]))
+  full = jax.grad(reward)(params, 0)
+  assert np.any(np.asarray(full["backbone"]["embed"]))
+  with pytest.raises(ValueError, match="frozen_layers"):
+    reward(params, tiny.cfg.n_layers + 1)
+
+
+def test_scoring_does_not_recompile_for_new_inputs_of_the_same_shape(tiny):
+  params = _params(tiny)
+  score = jax.jit(lambda p, t, m: rm_lib.outcome_rewards(p, t, m, cfg=tiny.cfg))
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    tokens = rng.integers(1, 200, (4, 32)).astype(np.int32)
+    mask = np.arange(32)[None] >= rng.integers(0, 20, (4, 1))
+    score(params, jnp.asarray(tokens), jnp.asarray(mask)).block_until_ready()
+  assert score._cache_size() == 1
+
+
+def test_encoded_texts_end_with_the_end_of_turn_token_and_keep_special_text_plain(tiny):
+  tok = tiny.tokenizer
+  tokens, mask, cut = rm_lib.encode_texts(tok, ["2 + 3?", "hi"], ["5", "<|im_end|>six"],
+                                          max_len=200, chat=False)
+  assert tokens.shape[1] % 32 == 0 and not cut.any()
+  end = rm_lib.end_token(tok)
+  assert (tokens[:, -1] == end).all() and mask[:, -1].all()
+  row = tokens[1][mask[1]].tolist()
+  assert row.count(end) == 1  # the response's "<|im_end|>" text stayed text
+  short, _, cut = rm_lib.encode_texts(tok, ["2 + 3?"], ["5" * 50], max_len=16, chat=False)
+  assert cut.all() and short.shape[1] == 16 and short[0, -1] == end
+
+
+def test_pair_calibration_by_hand():
+  # Always 90% sure (margin log 9), right on 6 of 10 pairs: ECE 0.3.
+  m = np.log(9.0)
+  got = rm_lib.pair_calibration([m] * 6 + [-m] * 4)
+  assert got["pair_accuracy"] == pytest.approx(0.6)
+  assert got["reward_margin"] == pytest.approx(0.2 * m)
+  assert got["calibration_error"] == pytest.approx(0.3)
+  # Right exactly as often as it says: calibrated.
+  assert rm_lib.pair_calibration([m] * 9 + [-m])["calibration_error"] == pytest.approx(0.0)
+  with pytest.raises(ValueError, match="non-empty"):
+    rm_lib.pair_calibration([])
+
+
+def test_best_of_n_and_weighted_vote_by_hand():
+  rewards = np.asarray([[0.1, 2.0, 0.3, 1.9], [0.0, 0.0, 0.0, 0.0], [5.0, 1.0, 1.0, 1.0]])
+  answers = [["7", "8", "7", "7"], ["1", "2", "2", None], [None, None, None, None]]
+  np.testing.assert_array_equal(best_of_n.best_of_n(rewards), [1, 0, 0])
+  # Row 0: "7" weighs e^.1 + e^.3 + e^1.9 against "8"'s e^2: "7" wins, its best is index 3.
+  # Row 1: equal rewards are a majority vote ("2"); row 2: nobody answers, best-of-N.
+  np.testing.assert_array_equal(best_of_n.weighted_vote(rewards, answers), [3, 1, 0])
+  # A cold vote follows the single best reply.
+  np.testing.assert_array_equal(best_of_n.weighted_vote(rewards, answers, 0.01), [1, 1, 0])
+  np.testing.assert_array_equal(best_of_n.best_of_n(rewards[:, :1]), [0, 0, 0])
+  with pytest.raises(ValueError, match="finite"):
+    best_of_n.best_of_n([[np.nan, 1.0]])
+
+
+def test_pairs_from_groups_pairs_accepted_with_rejected_replies_of_the_same_prompt():
+  prompts = ["p0"] * 4 + ["p1"] * 4 + ["p2"] * 4
+  replies = ["a", "b", "c", "c", "x", "y", "z", "w", "m", "m", "n", "n"]
+  correct = [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
+  pairs = preferences.pairs_from_groups(prompts, replies, correct, 4, max_pairs_per_prompt=5,
+                                        seed=0, extra=[{"answer": i} for i in range(3)])
+  got = sorted((p["prompt"], p["chosen"], p["rejected"], p["answer"]) for p in pairs)
+  # p1 has no accepted reply; duplicate texts count once.
+  assert got == [("p0", "a", "b", 0), ("p0", "a", "c", 0), ("p2", "m", "n", 2)]
+  capped = preferences.pairs_from_groups(prompts, replies, correct, 4, max_pairs_per_prompt=1,
+                                         seed=0)
+  assert len(capped) == 2
+  with pytest.raises(ValueError, match="groups of 5"):
+    preferences.pairs_from_groups(prompts, replies, correct, 5, max_pairs_per_prompt=1, seed=0)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": "q", "chosen": "a"}', "missing field 'rejected'"),
+    ('{"prompt": "q", "chosen": 3, "rejected": "b"}', "'chosen' must be a string"),
+    ('{"prompt": "q", "chosen": "a", "rejected": "a"}', "the same response"),
+    ('{"prompt": "q", "chosen": " ", "rejected": "a"}', "'chosen' is empty"),
+    ('["q", "a", "b"]', "expected a JSON object"),
+])
+def test_a_bad_pair_row_names_its_line(tmp_path, line, message):
+  path = tmp_path / "pairs.jsonl"
+  path.write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n\n' + line + "\n")
+  with pytest.raises(ValueError, match=f"pairs.jsonl:3: .*{message}"):
+    preferences.load_pairs(path)
+  path.write_text("\n")
+  with pytest.raises(ValueError, match="no rows"):
+    preferences.load_pairs(path)
+
+
+def _signal_pairs(n, seed):
+  """Pairs whose preferred reply ends in '!' and rejected one in '?', bodies random."""
+  rng = np.random.default_rng(seed)
+  words = ["red", "blue", "cat", "dog", "sun", "sea", "tree", "rock", "milk", "bread"]
+  pairs = []
+  for _ in range(n):
+    body = lambda: " ".join(rng.choice(words, size=rng.integers(1, 4)))
+    pairs.append({"prompt": body(), "chosen": body() + "!", "rejected": body() + "?"})
+  return pairs
+
+
+def test_bradley_terry_learns_a_learnable_preference_on_the_tiny_model(tmp_path):
+  """Loss falls and held-out pair accuracy (new random bodies) ends well above chance."""
+  train_path, eval_path = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+  preferences.write_pairs(train_path, _signal_pairs(256, 0))
+  preferences.write_pairs(eval_path, _signal_pairs(64, 1))
+  config = reward_model_arithmetic.get_config("tiny")
+  config.pairs_jsonl, config.eval_pairs_jsonl = str(train_path), str(eval_path)
+  config.eval_size, config.steps, config.pairs_per_step = 64, 40, 16
+  config.eval_every, config.checkpoint_every, config.sample_every = 40, 40, 40
+  config.reward_model.frozen_layers = 0
+  config.optimizer.learning_rate = 3e-3
+  result = rm_experiment.train(config, str(tmp_path / "run"), progress=False)
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  train = [r for r in records if r["kind"] == "train"]
+  evals = [r for r in records if r["kind"] == "eval"]
+  # The zero-initialized head ties every pair, which counts half right.
+  assert evals[0]["step"] == 0 and evals[0]["pair_accuracy"] == 0.5
+  assert np.mean([r["loss"] for r in train[-5:]]) < 0.5 * np.log(2)
+  assert result["pair_accuracy"] >= 0.9 and result["reward_margin"] > 1.0
+
+
+def test_tiny_generated_pairs_run_writes_every_artifact_and_resumes_exactly(tmp_path):
+  """Pairs generated from the tiny model and the add1 task; best-of-N metrics at every
+  evaluation; a run stopped after step 2 and resumed logs the same records."""
+  config = reward_model_arithmetic.get_config("tiny")
+  full = str(tmp_path / "full")
+  result = rm_experiment.train(config, full, progress=False)
+  for name in ("config.json", "metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard",
+               "pairs/train.jsonl", "pairs/eval.jsonl", "pairs/candidates.jsonl",
+               "pairs/generation.json"):
+    assert os.path.exists(os.path.join(full, name)), name
+  for key in ("pair_accuracy", "reward_margin", "calibration_error", "best_of_4_accuracy",
+              "greedy_accuracy", "pass_at_4"):
+    assert key in result, key
+  with open(os.path.join(full, "pairs", "candidates.jsonl")) as f:
+    candidates = [json.loads(line) for line in f]
+  correct = np.asarray([c["correct"] for c in candidates])
+  assert result["pass_at_4"] == pytest.approx(correct.max(axis=1).mean())
+  assert result["sample_accuracy"] <= result["pass_at_4"]
+  records = lambda w, kind: [r for r in metrics_lib.read_jsonl(os.path.join(w, "metrics.jsonl"))
+                             if r["kind"] == kind]
+  train = records(full, "train")
+  assert [r["step"] for r in train] == [1, 2, 3, 4]
+  part = str(tmp_path / "part")
+  config.steps = 2
+  rm_experiment.train(config, part, progress=False)
+  config.steps = 4
+  rm_experiment.train(config, part, progress=False)
+  strip = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
+                      for r in rs]
+  assert strip(records(part, "train")) == strip(train)
+  assert strip(records(part, "eval")) == strip(records(full, "eval"))
+
+
+def test_config_refusals(tmp_path):
+  config = reward_model_arithmetic.get_config("tiny")
+  config.generation.group_size = 1
+  with pytest.raises(ValueError, match="group_size must be >= 2"):
+    rm_experiment.train(config, str(tmp_path / "a"), progress=False)
+  config = reward_model_arithmetic.get_config("tiny")
+  config.reward_model.frozen_layers = 9
+  with pytest.raises(ValueError, match="frozen_layers must be in"):
+    rm_experiment.train(config, str(tmp_path / "b"), progress=False)
+  config = reward_model_arithmetic.get_config("tiny")
+  config.eval_pairs_jsonl = "x.jsonl"
+  with pytest.raises(ValueError, match="pairs_jsonl is not"):
+    rm_experiment.train(config, str(tmp_path / "c"), progress=False)
