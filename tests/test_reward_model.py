@@ -97,17 +97,25 @@ def test_scoring_does_not_recompile_for_new_inputs_of_the_same_shape(tiny):
   assert score._cache_size() == 1
 
 
-def test_encoded_texts_end_with_the_end_of_turn_token_and_keep_special_text_plain(tiny):
+def test_encoded_texts_end_with_the_closing_token_and_keep_special_text_plain(tiny):
   tok = tiny.tokenizer
-  tokens, mask, cut = rm_lib.encode_texts(tok, ["2 + 3?", "hi"], ["5", "<|im_end|>six"],
-                                          max_len=200, chat=False)
-  assert tokens.shape[1] % 32 == 0 and not cut.any()
-  end = rm_lib.end_token(tok)
-  assert (tokens[:, -1] == end).all() and mask[:, -1].all()
-  row = tokens[1][mask[1]].tolist()
+  e = preferences.encode_texts(tok, ["2 + 3?", "hi"], ["5", "<|im_end|>six"], max_len=200,
+                               chat=False)
+  assert e.tokens.shape[1] % 32 == 0 and not e.truncated.any()
+  end = preferences.end_token(tok)
+  assert (e.tokens[:, -1] == end).all() and e.mask[:, -1].all()
+  row = e.tokens[1][e.mask[1]].tolist()
   assert row.count(end) == 1  # the response's "<|im_end|>" text stayed text
-  short, _, cut = rm_lib.encode_texts(tok, ["2 + 3?"], ["5" * 50], max_len=16, chat=False)
-  assert cut.all() and short.shape[1] == 16 and short[0, -1] == end
+  # The response mask covers exactly the response's ids and the closing token.
+  for i, (p, r) in enumerate([("2 + 3?", "5"), ("hi", "<|im_end|>six")]):
+    ids, prompt_len = preferences.response_ids(tok, p, r, chat=False)
+    assert e.tokens[i][e.response[i]].tolist() == ids[prompt_len:]
+  short = preferences.encode_texts(tok, ["2 + 3?"], ["5" * 50], max_len=16, chat=False)
+  assert short.truncated.all() and short.tokens.shape[1] == 16 and short.tokens[0, -1] == end
+  assert short.response[0].all()  # the prompt was cut away
+  c, r = preferences.encode_pairs(tok, [{"prompt": "q", "chosen": "a", "rejected": "b" * 40}],
+                                  max_len=200, chat=False)
+  assert c.tokens.shape == r.tokens.shape == (1, 64)
 
 
 def test_pair_calibration_by_hand():

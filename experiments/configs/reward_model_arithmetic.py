@@ -16,6 +16,8 @@ Variants (`--config=...reward_model_arithmetic.py:VARIANT`):
 
 import ml_collections
 
+from experiments.configs import preference_common
+
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -23,27 +25,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
 
-  # Pairs from your own JSONL ({"prompt", "chosen", "rejected"} per line); when
-  # pairs_jsonl is empty they are generated from `task` (below).
-  c.pairs_jsonl = ""
-  c.eval_pairs_jsonl = ""  # held-out pairs (else the first eval_size training pairs)
-  c.eval_size = 1000  # held-out pairs scored per evaluation (at most)
-  # Generated pairs: the policy model samples `group_size` replies per question,
-  # the grader splits them into accepted and rejected. They are written to
-  # `pairs_dir` (default <workdir>/pairs) and reused while the settings match.
-  c.task = "arithmetic/mixed"
-  c.eval_split = "test"
-  c.prompt_template = "{question} Answer with just the number."
-  c.system_prompt = ""
-  c.chat = True
-  c.grader = "math_strict"  # a registered reward: 1 accepts a reply
-  c.grader_kwargs = ml_collections.ConfigDict()
-  c.pairs_dir = ""
-  c.generation = ml_collections.ConfigDict(dict(
-      train_prompts=1000,  # training questions (the first of the train split)
-      eval_prompts=100,    # held-out questions (the first of eval_split)
-      group_size=8, temperature=0.5, max_new_tokens=24, max_pairs_per_prompt=4,
-      batch_prompts=16))
+  preference_common.add_pair_data(c)
 
   # The reward model: the policy model's backbone and a scalar head, read at the
   # reply's end-of-turn token ("last") or averaged over the sequence ("mean").
@@ -65,7 +47,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   # Best-of-N on the held-out questions at each evaluation (generated pairs only).
   c.vote_temperature = 1.0  # softmax temperature of the reward-weighted vote
-  c.score_batch_size = 32
 
   c.eval_every = 50
   c.checkpoint_every = 50
@@ -83,18 +64,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
 
 def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The tiny random model. It never answers right, so its replies are graded on length
-  (under 6 characters), which varies within most groups."""
-  c.model = "tiny"
-  c.task = "arithmetic/add1"
-  c.grader = "short_reply"
-  c.grader_kwargs = ml_collections.ConfigDict(dict(max_chars=6))
-  c.generation.update(dict(train_prompts=16, eval_prompts=8, group_size=4, temperature=1.0,
-                           max_new_tokens=8, max_pairs_per_prompt=2, batch_prompts=8))
+  """The tiny random model, a few small steps, every artifact."""
+  preference_common.tiny_pair_data(c)
   c.reward_model.frozen_layers = 1
   c.reward_model.max_len = 96
-  c.eval_size = 16
-  c.score_batch_size = 8
   c.steps = 4
   c.pairs_per_step = 4
   c.optimizer.learning_rate = 1e-3

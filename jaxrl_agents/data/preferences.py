@@ -7,6 +7,9 @@ From a JSONL file, one pair per line (any other fields are kept):
 ```
 or built from sampled responses to verifiable tasks (`pairs_from_groups`): for
 each prompt, a response the grader accepts against one it rejects.
+
+`encode_texts` / `encode_pairs` turn (prompt, response) texts into the token
+sequences reward models and preference losses read.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import json
 import os
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from jaxrl_agents.data.jsonl import read_objects
+from jaxrl_agents.models import tokenizer as tokenizer_lib
 
 FIELDS = ("prompt", "chosen", "rejected")
 
@@ -93,3 +99,86 @@ def pairs_from_groups(prompts: Sequence[str], responses: Sequence[str],
       pairs.append({"prompt": prompts[g * group_size], "chosen": chosen, "rejected": rejected,
                     **(dict(extra[g]) if extra is not None else {})})
   return pairs
+
+
+# ----------------------------------------------------------------------------
+# Texts to sequences: the prompt through the chat template, the response as plain text
+# (special-token text in it stays text), then the token that closes it.
+
+
+def response_ids(tok, prompt: str, response: str, *, chat: bool = True,
+                 system: str | None = None) -> tuple[list[int], int]:
+  """(token ids, prompt length) of one (prompt, response): the chat prompt, the response as
+  plain text, and the token that closes the response (`end_token`)."""
+  if chat:
+    ids = tokenizer_lib.encode_chat(tok, prompt, system)[0]
+  else:
+    ids = tokenizer_lib.plain_ids(tok, prompt)
+  return ids + tokenizer_lib.plain_ids(tok, response) + [end_token(tok)], len(ids)
+
+
+def end_token(tok) -> int:
+  """The token a reply ends with: EOS (an instruct model's end of turn, SmolLM2's
+  <|im_end|>), else the first stop token."""
+  return tok.eos_token_id if tok.eos_token_id is not None else tokenizer_lib.stop_token_ids(tok)[0]
+
+
+def bucket_width(length: int, multiple: int = 32) -> int:
+  """The padded width of a batch whose longest sequence has `length` tokens: a multiple of
+  `multiple`, so a stream of batches compiles a handful of shapes, not one per length."""
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+class Encoded(NamedTuple):
+  """(prompt, response) sequences, left-padded to one width W.
+
+  tokens: int32[B, W]; mask: bool[B, W] the real tokens; response: bool[B, W]
+  the response's tokens and its closing token; truncated: bool[B] the rows
+  that lost their start to `max_len`.
+  """
+  tokens: np.ndarray
+  mask: np.ndarray
+  response: np.ndarray
+  truncated: np.ndarray
+
+
+def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_len: int,
+                 chat: bool = True, system: str | None = None, width: int | None = None
+                 ) -> Encoded:
+  """(prompt, response) texts as sequences (`response_ids`), left-padded so every row's last
+  column is its closing token.
+
+  A sequence longer than `max_len` keeps its last `max_len` tokens (the end
+  of the response, which the reward reads) and is flagged as truncated. W is
+  `width`, or the bucketed length of the longest row (at most max_len).
+  """
+  if len(prompts) != len(responses):
+    raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+  rows, starts, truncated = [], [], []
+  for p, r in zip(prompts, responses, strict=True):
+    ids, prompt_len = response_ids(tok, p, r, chat=chat, system=system)
+    cut = max(len(ids) - max_len, 0)
+    truncated.append(cut > 0)
+    rows.append(ids[cut:])
+    starts.append(max(prompt_len - cut, 0))
+  if width is None:
+    width = min(bucket_width(max(len(r) for r in rows)), max(max_len, 1))
+  tokens, mask = tokenizer_lib.pad_left(rows, tok.pad_token_id, width)
+  response = np.zeros_like(mask)
+  for i, (row, start) in enumerate(zip(rows, starts, strict=True)):
+    response[i, width - len(row) + start:] = True
+  return Encoded(tokens, mask, response, np.asarray(truncated, bool))
+
+
+def encode_pairs(tok, pairs: Sequence[Mapping[str, Any]], *, max_len: int, chat: bool = True,
+                 system: str | None = None) -> tuple[Encoded, Encoded]:
+  """(chosen, rejected) sides of pairs, encoded (`encode_texts`) at one shared width."""
+  prompts = [p["prompt"] for p in pairs]
+  sides = [[p[k] for p in pairs] for k in ("chosen", "rejected")]
+  encoded = [encode_texts(tok, prompts, side, max_len=max_len, chat=chat, system=system)
+             for side in sides]
+  width = max(e.tokens.shape[1] for e in encoded)
+  return tuple(e if e.tokens.shape[1] == width else
+               encode_texts(tok, prompts, side, max_len=max_len, chat=chat, system=system,
+                            width=width)
+               for e, side in zip(encoded, sides, strict=True))

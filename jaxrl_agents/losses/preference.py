@@ -323,7 +323,7 @@ def rpo_loss(
   return loss, {"loss": loss, "dpo_loss": dpo, "sft_nll": sft, **metrics}
 
 
-def _discounted_logp_sum(logp: jax.Array, mask: jax.Array, gamma) -> jax.Array:
+def discounted_logp_sum(logp: jax.Array, mask: jax.Array, gamma) -> jax.Array:
   """sum_t gamma^t logp_t over valid tokens, t counting the valid tokens before."""
   # Counting valid tokens (not columns) makes left and right padding agree.
   t = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(logp.dtype)
@@ -375,8 +375,8 @@ def cpl_loss(
       f"rejected_logp has {rejected_logp.shape[0]} pairs but chosen_logp has "
       f"{chosen_logp.shape[0]}; the leading dimensions must match"
     )
-  chosen_score = _discounted_logp_sum(chosen_logp, chosen_mask, gamma)
-  rejected_score = _discounted_logp_sum(rejected_logp, rejected_mask, gamma)
+  chosen_score = discounted_logp_sum(chosen_logp, chosen_mask, gamma)
+  rejected_score = discounted_logp_sum(rejected_logp, rejected_mask, gamma)
   logits = alpha * (chosen_score - rejected_score)
   loss = -jax.nn.log_sigmoid(logits).mean()
   metrics = {

@@ -20,10 +20,9 @@ layers: their weights get no update and, because nothing below layer k needs
 a gradient, XLA drops their backward pass, so a reward model trains at a
 fraction of a full fine-tune's cost.
 
-`encode_pairs`/`encode_texts` turn (prompt, response) texts into the
-sequences a reward model reads: the prompt through the chat template, the
-response as plain text (special-token text in it stays text), then the
-end-of-turn token, whose hidden state has seen the whole response.
+`jaxrl_agents.data.preferences.encode_texts` turns (prompt, response) texts
+into the sequences a reward model reads, ending with the token that closes the
+response, whose hidden state has seen all of it.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents.models import heads, transformer
-from jaxrl_agents.models import tokenizer as tokenizer_lib
 
 POOLINGS = ("last", "mean")
 
@@ -115,56 +113,6 @@ def step_rewards(params, tokens: jax.Array, mask: jax.Array, step_ends: jax.Arra
 def step_end_mask(tokens: jax.Array, separator_ids: Sequence[int]) -> jax.Array:
   """bool[B, T]: where a token is one of the step separators (e.g. the newline's ids)."""
   return jnp.isin(tokens, jnp.asarray(list(separator_ids), tokens.dtype))
-
-
-# ----------------------------------------------------------------------------
-# Texts to sequences.
-
-
-def response_ids(tok, prompt: str, response: str, *, chat: bool = True,
-                 system: str | None = None) -> list[int]:
-  """Token ids of one (prompt, response): the chat prompt, the response as plain text, and
-  the token that closes the response (`end_token`)."""
-  if chat:
-    ids = tokenizer_lib.encode_chat(tok, prompt, system)[0]
-  else:
-    ids = tokenizer_lib.plain_ids(tok, prompt)
-  return ids + tokenizer_lib.plain_ids(tok, response) + [end_token(tok)]
-
-
-def end_token(tok) -> int:
-  """The token a reply ends with: EOS (an instruct model's end of turn, SmolLM2's
-  <|im_end|>), else the first stop token."""
-  return tok.eos_token_id if tok.eos_token_id is not None else tokenizer_lib.stop_token_ids(tok)[0]
-
-
-def bucket_width(length: int, multiple: int = 32) -> int:
-  """The padded width of a batch whose longest sequence has `length` tokens: a multiple of
-  `multiple`, so a stream of batches compiles a handful of shapes, not one per length."""
-  return max(multiple, -(-length // multiple) * multiple)
-
-
-def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_len: int,
-                 chat: bool = True, system: str | None = None, width: int | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(tokens int32[B, W], mask bool[B, W], truncated bool[B]) of (prompt, response) texts.
-
-  Right-aligned (left padding), so every row's last column is its end-of-turn
-  token. A sequence longer than `max_len` keeps its last `max_len` tokens (the
-  end of the response, which the reward reads) and is flagged as truncated.
-  W is `width`, or the bucketed length of the longest row.
-  """
-  if len(prompts) != len(responses):
-    raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-  rows, truncated = [], []
-  for p, r in zip(prompts, responses, strict=True):
-    ids = response_ids(tok, p, r, chat=chat, system=system)
-    truncated.append(len(ids) > max_len)
-    rows.append(ids[-max_len:])
-  if width is None:
-    width = min(bucket_width(max(len(r) for r in rows)), max(max_len, 1))
-  tokens, mask = tokenizer_lib.pad_left(rows, tok.pad_token_id, width)
-  return tokens, mask, np.asarray(truncated, bool)
 
 
 # ----------------------------------------------------------------------------

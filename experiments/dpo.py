@@ -1,0 +1,251 @@
+r"""Preference optimization of the policy against a frozen reference: DPO, IPO, RPO, CPL.
+
+  python -m experiments.dpo --config=experiments/configs/dpo_arithmetic.py:tiny \
+      --workdir=/tmp/dpo_tiny
+
+Each step takes `pairs_per_step` pairs (`experiments.preference_data`: JSONL,
+or generated from a task's verifier), scores both replies under the policy
+and the frozen initial policy (the reference), and minimizes the loss named by
+`config.loss`, with its own hyperparameters in `config.loss_kwargs.<loss>`:
+
+  dpo   -log sigmoid(beta * (log-ratio(chosen) - log-ratio(rejected)))  (label_smoothing)
+  ipo   (log-ratio gap - 1 / (2 tau))^2
+  rpo   DPO + eta * the chosen reply's mean per-token NLL
+  cpl   -log sigmoid(alpha * (S(chosen) - S(rejected))), S a discounted sum of the
+        policy's log-probs (no reference)
+
+(`jaxrl_agents.losses.preference` has the equations and the papers.) A reply's
+log-probability sums its tokens and its closing token, given the prompt
+through the chat template.
+
+Evaluation: on held-out pairs, the accuracy, mean and calibration of the
+implicit reward margin (beta or tau times the log-ratio gap; alpha times the
+score gap for CPL); with generated pairs, also the policy's greedy accuracy on
+the held-out questions, the measure that counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import common, preference_data
+from jaxrl_agents import harness, losses
+from jaxrl_agents import optim as optim_lib
+from jaxrl_agents.data import make_loader, preferences
+from jaxrl_agents.losses import preference as preference_lib
+from jaxrl_agents.models import reward_model as rm_lib
+from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.rollout import scoring
+
+LOSSES = ("dpo", "ipo", "rpo", "cpl")
+# The hyperparameter that scales each loss's implicit reward (its margin's units).
+MARGIN_SCALE = {"dpo": "beta", "ipo": "tau", "rpo": "beta", "cpl": "alpha"}
+
+
+class DPOState(NamedTuple):
+  """The policy being trained. The reference (the initial policy) is the model as loaded, so it
+  is not checkpointed: a resume loads it again."""
+  params: Any
+  opt_state: Any
+  updates: jax.Array
+
+
+class PairBatch(NamedTuple):
+  """N pairs: each side's tokens int32[N, W], mask and response mask bool[N, W], and the
+  reference's sequence log-probs f32[N]."""
+  chosen: jax.Array
+  chosen_mask: jax.Array
+  chosen_response: jax.Array
+  rejected: jax.Array
+  rejected_mask: jax.Array
+  rejected_response: jax.Array
+  ref_chosen_logp: jax.Array
+  ref_rejected_logp: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOSettings:
+  loss: str
+  loss_kwargs: tuple[tuple[str, float], ...]
+  max_len: int
+  chat: bool
+  system: str | None
+
+  @property
+  def kwargs(self) -> dict[str, float]:
+    return dict(self.loss_kwargs)
+
+
+def settings_from_config(config) -> DPOSettings:
+  if config.loss not in LOSSES:
+    raise ValueError(f"config.loss must be one of {LOSSES}, got {config.loss!r}")
+  kwargs = dict(config.loss_kwargs.get(config.loss, {}))
+  return DPOSettings(loss=config.loss, loss_kwargs=tuple(sorted(kwargs.items())),
+                     max_len=int(config.max_len), chat=bool(config.chat),
+                     system=config.system_prompt or None)
+
+
+def token_logprobs(params, tokens, mask, response, *, cfg: transformer.TransformerConfig):
+  """f32[N, W]: log pi(token | the tokens before it) on the response's tokens, 0 elsewhere."""
+  logits, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
+                                segment_ids=mask.astype(jnp.int32),
+                                num_positions=tokens.shape[1])
+  logp, _ = scoring.token_logprobs(logits[:, :-1], tokens[:, 1:], response[:, 1:])
+  return jnp.pad(logp, ((0, 0), (1, 0)))
+
+
+def _both_sides(params, batch: PairBatch, cfg):
+  """Per-token log-probs of (chosen, rejected), both sides in one forward pass."""
+  lp = token_logprobs(params, jnp.concatenate([batch.chosen, batch.rejected]),
+                      jnp.concatenate([batch.chosen_mask, batch.rejected_mask]),
+                      jnp.concatenate([batch.chosen_response, batch.rejected_response]), cfg=cfg)
+  n = batch.chosen.shape[0]
+  return lp[:n], lp[n:]
+
+
+def reference_logprobs(ref_params, batch: PairBatch, *, cfg):
+  """(f32[N], f32[N]) the reference's sequence log-probs of the chosen and rejected replies."""
+  c, r = _both_sides(ref_params, batch, cfg)
+  return c.sum(axis=1), r.sum(axis=1)
+
+
+def preference_loss(params, batch: PairBatch, *, cfg, s: DPOSettings):
+  """The configured loss on one (mini)batch of pairs: (loss, metrics with "implicit_margin")."""
+  c_tok, r_tok = _both_sides(params, batch, cfg)
+  c, r = c_tok.sum(axis=1), r_tok.sum(axis=1)
+  refs = (batch.ref_chosen_logp, batch.ref_rejected_logp)
+  kw = s.kwargs
+  if s.loss == "dpo":
+    loss, metrics = losses.dpo_loss(c, r, *refs, **kw)
+  elif s.loss == "ipo":
+    loss, metrics = losses.ipo_loss(c, r, *refs, **kw)
+  elif s.loss == "rpo":
+    # The chosen reply's mean per-token NLL (TRL's rpo_alpha form).
+    nll = -c / jnp.maximum(batch.chosen_response.sum(axis=1), 1)
+    loss, metrics = losses.rpo_loss(c, r, *refs, nll, **kw)
+  else:
+    loss, metrics = losses.cpl_loss(c_tok, r_tok, batch.chosen_response,
+                                    batch.rejected_response, **kw)
+  return loss, {**metrics, "chosen_logp": c.mean(), "rejected_logp": r.mean()}
+
+
+def implicit_margins(params, batch: PairBatch, *, cfg, s: DPOSettings) -> jax.Array:
+  """f32[N]: each pair's implicit reward margin (the quantity the loss pushes up)."""
+  c_tok, r_tok = _both_sides(params, batch, cfg)
+  scale = s.kwargs.get(MARGIN_SCALE[s.loss], _default(s.loss, MARGIN_SCALE[s.loss]))
+  if s.loss == "cpl":
+    gamma = s.kwargs.get("gamma", _default("cpl", "gamma"))
+    score = functools.partial(preference_lib.discounted_logp_sum, gamma=gamma)
+    return scale * (score(c_tok, batch.chosen_response) - score(r_tok, batch.rejected_response))
+  gap = (c_tok.sum(1) - batch.ref_chosen_logp) - (r_tok.sum(1) - batch.ref_rejected_logp)
+  return scale * gap
+
+
+def _default(loss: str, name: str) -> float:
+  """A loss function's default for one of its hyperparameters."""
+  fn = {"dpo": losses.dpo_loss, "ipo": losses.ipo_loss, "rpo": losses.rpo_loss,
+        "cpl": losses.cpl_loss}[loss]
+  return inspect.signature(fn).parameters[name].default
+
+
+class PreferenceTrainer:
+  """Offline preference optimization of the policy: harness callbacks over jitted steps."""
+
+  def __init__(self, config, model: zoo.Model, train_pairs, held_pairs, candidates):
+    self.config, self.model = config, model
+    self.s = s = settings_from_config(config)
+    self.held_pairs, self.candidates = held_pairs, candidates
+    self.ref_params = model.params  # the frozen initial policy (unused by CPL)
+    self.optimizer = optim_lib.make_optimizer(total_updates=config.steps * config.minibatches,
+                                              **config.optimizer)
+    loss = functools.partial(preference_loss, cfg=model.cfg, s=s)
+    self._update = jax.jit(functools.partial(
+        optim_lib.update_state, self.optimizer, loss, epochs=1, minibatches=config.minibatches),
+        donate_argnums=0)
+    self._reference = jax.jit(functools.partial(reference_logprobs, cfg=model.cfg))
+    self._margins = jax.jit(functools.partial(implicit_margins, cfg=model.cfg, s=s))
+    self.data = make_loader(train_pairs, batch_size=config.pairs_per_step, seed=config.seed)
+
+  def init_state(self) -> DPOState:
+    params = jax.tree.map(jnp.copy, self.model.params)
+    return DPOState(params=params, opt_state=self.optimizer.tx.init(params),
+                    updates=jnp.zeros((), jnp.int32))
+
+  def batch(self, pairs: Sequence[Mapping[str, Any]]) -> tuple[PairBatch, int]:
+    c, r = preferences.encode_pairs(self.model.tokenizer, pairs, max_len=self.s.max_len,
+                                    chat=self.s.chat, system=self.s.system)
+    arrays = [jnp.asarray(x) for x in (c.tokens, c.mask, c.response, r.tokens, r.mask,
+                                       r.response)]
+    zeros = jnp.zeros((len(pairs),), jnp.float32)
+    batch = PairBatch(*arrays, zeros, zeros)
+    if self.s.loss != "cpl":
+      batch = batch._replace(**dict(zip(("ref_chosen_logp", "ref_rejected_logp"),
+                                        self._reference(self.ref_params, batch), strict=True)))
+    return batch, int(c.truncated.sum() + r.truncated.sum())
+
+  def train_step(self, state: DPOState, rng, progress: float) -> harness.StepResult:
+    pairs = next(self.data)
+    batch, truncated = self.batch(pairs)
+    state, metrics = self._update(state, batch, rng, jnp.float32(progress))
+    record = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    record["sequences_truncated"] = truncated
+    samples = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]}
+               for p in pairs]
+    return harness.StepResult(state=state, record=record, samples=samples)
+
+  def evaluate(self, state: DPOState) -> tuple[dict, list[dict]]:
+    bs, held = self.config.score_batch_size, self.held_pairs
+    margins = []
+    for start in range(0, len(held), bs):
+      chunk = list(held[start:start + bs])
+      padded = chunk + [chunk[0]] * (bs - len(chunk))
+      batch, _ = self.batch(padded)
+      margins.append(np.asarray(self._margins(state.params, batch))[:len(chunk)])
+    margins = np.concatenate(margins)
+    record = {**rm_lib.pair_calibration(margins), "num_pairs": len(held)}
+    if self.candidates:
+      record["greedy_accuracy"] = preference_data.greedy_accuracy(
+          state.params, self.model, self.candidates, self.config)
+    samples = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"],
+                "implicit_margin": float(m)} for p, m in zip(held, margins, strict=True)]
+    return record, samples
+
+  def nonfinite_count(self, state: DPOState) -> tuple[int, int]:
+    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+
+
+def validate(config) -> None:
+  harness.validate_run_keys(config)
+  settings_from_config(config)
+  if config.max_len < 8:
+    raise ValueError(f"max_len must be >= 8 tokens, got {config.max_len}")
+  preference_data.validate(config)
+
+
+def train(config, workdir: str, progress: bool = True) -> dict:
+  """Runs (or resumes) preference optimization in `workdir`; returns the last eval record."""
+  validate(config)
+  model = common.load_model(config)
+  train_pairs, held_pairs, candidates = preference_data.load_data(config, model, workdir,
+                                                                  progress)
+  if len(train_pairs) < config.pairs_per_step:
+    raise ValueError(f"{len(train_pairs)} training pairs, fewer than pairs_per_step "
+                     f"({config.pairs_per_step})")
+  trainer = PreferenceTrainer(config, model, train_pairs, held_pairs, candidates)
+  return harness.run(config, workdir, init_state=trainer.init_state,
+                     train_step=trainer.train_step,
+                     evaluate=trainer.evaluate if held_pairs else None, data=trainer.data,
+                     nonfinite_count=trainer.nonfinite_count, postfix=("loss",),
+                     progress=progress)
+
+
+if __name__ == "__main__":
+  common.main(train)

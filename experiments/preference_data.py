@@ -1,0 +1,193 @@
+"""Preference pairs for the preference trainers (reward model, DPO): from JSONL, or generated.
+
+Generated pairs come from a task with a verifier: the model samples
+`generation.group_size` replies per question at `generation.temperature`, and
+a reply the grader (`config.grader`, a registered reward with
+`config.grader_kwargs`; 1 accepts) accepts is preferred to one it rejects.
+`generate_pairs` writes to `pairs_dir` (default <workdir>/pairs):
+
+  train.jsonl        pairs from the first `generation.train_prompts` train questions
+  eval.jsonl         pairs from the first `generation.eval_prompts` held-out questions
+  candidates.jsonl   each held-out question's replies and verdicts, and its greedy
+                     reply: the best-of-N candidates
+  generation.json    the settings they were made with, written last (marks them
+                     complete); files made with other settings are made again
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+
+import jax
+import numpy as np
+
+from jaxrl_agents import registry
+from jaxrl_agents.data import preferences
+from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import zoo
+from jaxrl_agents.rewards import answers
+from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.rollout import single_turn
+
+log = logging.getLogger(__name__)
+
+# The answer each grader reads, for the reward-weighted vote.
+ANSWER_READERS = {"math_strict": answers.strict_answer, "math_lenient": answers.lenient_answer,
+                  "last_integer": answers.last_integer}
+
+
+def validate(config) -> None:
+  """Checks the pair-data keys (`experiments/configs/preference_common.py`) and the batch."""
+  if config.pairs_per_step < 1 or config.pairs_per_step % config.minibatches:
+    raise ValueError(f"pairs_per_step ({config.pairs_per_step}) must be a positive multiple of "
+                     f"minibatches ({config.minibatches})")
+  if config.eval_pairs_jsonl and not config.pairs_jsonl:
+    raise ValueError("eval_pairs_jsonl is set but pairs_jsonl is not: generated pairs bring "
+                     "their own held-out pairs")
+  if config.score_batch_size < 1:
+    raise ValueError(f"score_batch_size must be >= 1, got {config.score_batch_size}")
+  if config.pairs_jsonl:
+    return
+  grader(config)  # names a mistyped grader
+  g = config.generation
+  if g.group_size < 2:
+    raise ValueError(f"generation.group_size must be >= 2 (a pair needs two replies), got "
+                     f"{g.group_size}")
+  for key in ("train_prompts", "eval_prompts", "max_pairs_per_prompt", "batch_prompts",
+              "max_new_tokens"):
+    if g[key] < 1:
+      raise ValueError(f"generation.{key} must be >= 1, got {g[key]}")
+
+
+def grader(config):
+  """The registered reward `config.grader` with `config.grader_kwargs` bound: 1 accepts a reply."""
+  return functools.partial(registry.get("reward", config.grader), **config.grader_kwargs)
+
+
+def _generation_settings(config) -> dict:
+  return {"model": config.model, "dtype": config.dtype, "task": config.task,
+          "eval_split": config.eval_split, "prompt_template": config.prompt_template,
+          "system_prompt": config.system_prompt, "chat": config.chat, "grader": config.grader,
+          "grader_kwargs": config.grader_kwargs.to_dict(),
+          "seed": config.seed, **config.generation.to_dict()}
+
+
+def _sample_groups(model: zoo.Model, examples, *, config, temperature: float, group_size: int,
+                   seed: int, desc: str, progress: bool = True, params=None,
+                   template: str | None = None) -> tuple[list[str], list[str], np.ndarray]:
+  """(formatted prompts per row, replies per row, the grader's verdicts f32[rows]): each
+  example's `group_size` replies, in batches of generation.batch_prompts questions, from
+  `params` (default: the model's own)."""
+  from tqdm import tqdm
+
+  g = config.generation
+  tok = model.tokenizer
+  sampling = sampler_lib.SamplingConfig(
+      max_new_tokens=g.max_new_tokens, temperature=temperature,
+      stop_tokens=tokenizer_lib.stop_token_ids(tok), pad_id=tok.pad_token_id)
+  grade = grader(config)
+  prompts, replies, verdicts = [], [], []
+  for start in tqdm(range(0, len(examples), g.batch_prompts), desc=desc, unit="batch",
+                    disable=not progress):
+    chunk = list(examples[start:start + g.batch_prompts])
+    padded = chunk + [chunk[0]] * (g.batch_prompts - len(chunk))  # one compiled shape
+    s = single_turn.sample(model.params if params is None else params, model, padded,
+                           jax.random.key(seed + start), group_size=group_size, sampling=sampling,
+                           template=template or config.prompt_template, chat=config.chat,
+                           system=config.system_prompt or None)
+    rows = len(chunk) * group_size
+    prompts += s.prompts[:rows]
+    replies += s.completions[:rows]
+    verdicts += list(np.asarray(grade(s.completions[:rows], s.examples[:rows]), np.float32))
+  return prompts, replies, np.asarray(verdicts, np.float32)
+
+
+def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = True) -> None:
+  """Samples and grades replies, writing train.jsonl, eval.jsonl, candidates.jsonl and
+  generation.json (the settings) to `directory`."""
+  from jaxrl_agents import data as data_lib
+
+  g = config.generation
+  os.makedirs(directory, exist_ok=True)
+  train_source = data_lib.load_task(config.task, "train")
+  held_source = data_lib.load_task(config.task, config.eval_split)
+  train = [train_source[i] for i in range(min(g.train_prompts, len(train_source)))]
+  held = [held_source[i] for i in range(min(g.eval_prompts, len(held_source)))]
+  n = g.group_size
+  prompts, replies, ok = _sample_groups(model, train, config=config, temperature=g.temperature,
+                                        group_size=n, seed=config.seed, desc="train replies",
+                                        progress=progress)
+  train_pairs = preferences.pairs_from_groups(
+      prompts, replies, ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt, seed=config.seed,
+      extra=[{"answer": str(ex["answer"])} for ex in train])
+  h_prompts, h_replies, h_ok = _sample_groups(
+      model, held, config=config, temperature=g.temperature, group_size=n,
+      seed=config.seed + 10**6, desc="held-out replies", progress=progress)
+  eval_pairs = preferences.pairs_from_groups(
+      h_prompts, h_replies, h_ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt,
+      seed=config.seed + 1, extra=[{"answer": str(ex["answer"])} for ex in held])
+  _, greedy, greedy_ok = _sample_groups(model, held, config=config, temperature=0.0,
+                                        group_size=1, seed=0, desc="greedy replies",
+                                        progress=progress)
+  if not train_pairs or not eval_pairs:
+    raise ValueError(
+        f"no {'training' if not train_pairs else 'held-out'} pairs: no question of "
+        f"{config.task} got both a reply the grader {config.grader!r} accepts and one it "
+        f"rejects in {n} samples at temperature {g.temperature}; raise group_size or the "
+        "temperature, or bring pairs as JSONL (pairs_jsonl)")
+  candidates = [{"prompt": h_prompts[i * n], "answer": str(ex["answer"]),
+                 "replies": h_replies[i * n:(i + 1) * n],
+                 "correct": h_ok[i * n:(i + 1) * n].tolist(),
+                 "greedy": greedy[i], "greedy_correct": float(greedy_ok[i])}
+                for i, ex in enumerate(held)]
+  preferences.write_pairs(os.path.join(directory, "train.jsonl"), train_pairs)
+  preferences.write_pairs(os.path.join(directory, "eval.jsonl"), eval_pairs)
+  preferences.write_pairs(os.path.join(directory, "candidates.jsonl"), candidates)
+  with open(os.path.join(directory, "generation.json"), "w") as f:  # last: marks it complete
+    json.dump(_generation_settings(config), f, indent=2)
+  log.info("generated %d training and %d held-out pairs in %s (reply accuracy %.3f train, "
+           "%.3f held out; greedy %.3f)", len(train_pairs), len(eval_pairs), directory,
+           ok.mean(), h_ok.mean(), greedy_ok.mean())
+
+
+def load_data(config, model: zoo.Model, workdir: str, progress: bool = True
+              ) -> tuple[list[dict], list[dict], list[dict] | None]:
+  """(training pairs, held-out pairs, best-of-N candidates or None)."""
+  if config.pairs_jsonl:
+    train = preferences.load_pairs(config.pairs_jsonl)
+    if config.eval_pairs_jsonl:
+      held = preferences.load_pairs(config.eval_pairs_jsonl)
+    else:
+      log.warning("no eval_pairs_jsonl: evaluating on the first %d training pairs (not held "
+                  "out)", config.eval_size)
+      held = train
+    return train, held[: config.eval_size], None
+  directory = config.pairs_dir or os.path.join(workdir, "pairs")
+  settings_file = os.path.join(directory, "generation.json")
+  current = json.loads(json.dumps(_generation_settings(config)))
+  if os.path.exists(settings_file):
+    with open(settings_file) as f:
+      saved = json.load(f)
+    if saved != current:
+      log.warning("%s was generated with other settings; generating again", directory)
+      os.remove(settings_file)
+  if not os.path.exists(settings_file):
+    generate_pairs(config, model, directory, progress)
+  train = preferences.load_pairs(os.path.join(directory, "train.jsonl"))
+  held = preferences.load_pairs(os.path.join(directory, "eval.jsonl"))
+  with open(os.path.join(directory, "candidates.jsonl"), encoding="utf-8") as f:
+    candidates = [json.loads(line) for line in f if line.strip()]
+  return train, held[: config.eval_size], candidates
+
+
+def greedy_accuracy(params, model: zoo.Model, candidates, config, progress: bool = False
+                    ) -> float:
+  """The grader's accuracy on the greedy replies of `params` to the held-out questions."""
+  examples = [{"prompt": c["prompt"], "answer": c["answer"]} for c in candidates]
+  _, _, ok = _sample_groups(model, examples, config=config, temperature=0.0, group_size=1,
+                            seed=0, desc="greedy replies", progress=progress, params=params,
+                            template="{prompt}")
+  return float(ok.mean())
