@@ -13,6 +13,7 @@ from jaxrl_agents import harness, registry, rl_loop
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.rewards import learned as learned_rewards
 from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import single_turn
 
@@ -136,14 +137,29 @@ def make_rewards(config):
 
   Both score each completion within config.reward_time_limit_s (0: no limit) in
   a worker process, so one reply that stalls a reward costs that reply's
-  reward (0), not the run; `time_limit.timeouts(reward_fn)` counts them.
+  reward (0), not the run; `time_limit.timeouts(reward_fn)` counts them. A
+  learned reward (`rewards.learned`, e.g. "reward_model") is scored in this
+  process, on the device, and added to the verifiable rewards' weighted sum.
   """
   limit = config.get("reward_time_limit_s", 0.0)
   if limit < 0:
     raise ValueError(f"config.reward_time_limit_s must be >= 0 (0 turns it off), got {limit}")
   spec = config.get("reward_combinator", None)
   combinator = spec.name if spec else "sum"
-  weighted = rewards_lib.from_config(dict(config.rewards))  # options bound, names checked
+  learned_spec = {k: v for k, v in config.rewards.items() if learned_rewards.is_learned(k)}
+  verifiable_spec = {k: v for k, v in config.rewards.items() if k not in learned_spec}
+  if learned_spec and combinator != "sum":
+    raise ValueError(f"a learned reward ({sorted(learned_spec)}) adds to the weighted sum; "
+                     f"reward_combinator {combinator!r} needs rewards in [0, 1]: use 'sum'")
+  for options in learned_spec.values():
+    learned_rewards.check_workdir(options.get("workdir", "") if hasattr(options, "get") else "")
+  grade = registry.get("reward", config.grader)
+  if limit:
+    grade = time_limit.TimeLimited(grade, limit)
+  learned = rewards_lib.from_config(learned_spec) if learned_spec else None
+  if not verifiable_spec:
+    return learned, lambda completions, examples: np.asarray(grade(completions, examples))
+  weighted = rewards_lib.from_config(verifiable_spec)  # options bound, names checked
   parts = list(weighted.components)
   weights = reward_weights(config)
   if combinator == "sum":
@@ -159,10 +175,10 @@ def make_rewards(config):
                                   child_weight=weights[child], threshold=spec.threshold)
   else:
     raise ValueError(f"reward_combinator must be one of {REWARD_COMBINATORS}, got {combinator!r}")
-  grade = registry.get("reward", config.grader)
   if limit:
     reward_fn = time_limit.TimeLimited(reward_fn, limit)
-    grade = time_limit.TimeLimited(grade, limit)
+  if learned is not None:
+    reward_fn = rewards_lib.SumOfRewards(reward_fn, learned)
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
 
 

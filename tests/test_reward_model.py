@@ -256,3 +256,46 @@ def test_config_refusals(tmp_path):
   config.eval_pairs_jsonl = "x.jsonl"
   with pytest.raises(ValueError, match="pairs_jsonl is not"):
     rm_experiment.train(config, str(tmp_path / "c"), progress=False)
+
+
+def test_a_trained_reward_model_is_grpos_reward(tmp_path):
+  """A reward model trained on '!'-over-'?' pairs, named in GRPO's config.rewards: it prefers
+  '!' replies when loaded as a reward, scores without recompiling, and a tiny GRPO run with it
+  as the only reward logs its component and resumes."""
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+  from jaxrl_agents.rewards import learned
+
+  preferences.write_pairs(tmp_path / "train.jsonl", _signal_pairs(256, 0))
+  config = reward_model_arithmetic.get_config("tiny")
+  config.pairs_jsonl = str(tmp_path / "train.jsonl")
+  config.steps, config.pairs_per_step = 30, 16
+  config.eval_every = config.checkpoint_every = 30
+  config.reward_model.frozen_layers = 0
+  config.optimizer.learning_rate = 3e-3
+  rm_dir = str(tmp_path / "rm")
+  rm_experiment.train(config, rm_dir, progress=False)
+
+  reward = learned.load(rm_dir, batch_size=4)
+  examples = [{"question": "red cat"}, {"question": "sun"}]
+  scores = reward.score(["red cat", "sun", "red cat", "sun"],
+                        ["blue dog!", "sea!", "blue dog?", "sea?"])
+  assert scores[0] > scores[2] and scores[1] > scores[3]
+  np.testing.assert_allclose(
+      learned.reward_model_reward(["blue dog!", "sea?"], examples, workdir=rm_dir, batch_size=4),
+      reward(["blue dog!", "sea?"], examples))
+  compiled = reward._score._cache_size()
+  reward.score(["cat red", "nus", "tac der", "sun"], ["dog blue!", "sea?", "dog blue?", "aes!"])
+  assert reward._score._cache_size() == compiled  # new texts, same bucketed width
+
+  grpo_config = grpo_arithmetic.get_config("tiny")
+  grpo_config.rewards = {"reward_model": {"weight": 1.0, "workdir": rm_dir}}
+  grpo_config.steps = 2
+  grpo.train(grpo_config, str(tmp_path / "grpo"), progress=False)
+  train = [r for r in metrics_lib.read_jsonl(tmp_path / "grpo" / "metrics.jsonl")
+           if r["kind"] == "train"]
+  assert len(train) == 2 and "reward/reward_model_mean" in train[0]
+
+  grpo_config.rewards = {"reward_model": {"workdir": str(tmp_path / "nowhere")}}
+  with pytest.raises(FileNotFoundError, match="not the workdir of a reward-model run"):
+    grpo.train(grpo_config, str(tmp_path / "grpo2"), progress=False)

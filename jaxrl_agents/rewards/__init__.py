@@ -16,12 +16,13 @@ registers them under kind "reward":
 | countdown          | a safe expression over "numbers" (each used once) equals "target"     |
 | countdown_format   | an expression can be extracted and parsed                             |
 | length_penalty     | -coef * max(0, length - budget) / budget (<= 0)                       |
+| reward_model       | a trained reward model's score (`workdir`: its run; in-process)       |
 
 `combine`, `from_config`, `lexicographic` and `gated` build rewards that return
 `(total f32[B], {component: f32[B]})` for logging.
 """
 
-from jaxrl_agents.rewards import answers, countdown, formatting, length
+from jaxrl_agents.rewards import answers, countdown, formatting, learned, length
 from jaxrl_agents.rewards.answers import (
     extract_boxed,
     last_integer,
@@ -38,6 +39,7 @@ from jaxrl_agents.rewards.combine import (
     CombinedReward,
     Gated,
     Lexicographic,
+    SumOfRewards,
     WeightedSum,
     combine,
     from_config,
@@ -65,6 +67,7 @@ __all__ = [
     "ExpressionError",
     "Gated",
     "Lexicographic",
+    "SumOfRewards",
     "ParsedExpression",
     "WeightedSum",
     "answers",
@@ -83,6 +86,7 @@ __all__ = [
     "last_integer",
     "last_integer_reward",
     "last_number",
+    "learned",
     "length",
     "length_penalty_reward",
     "lenient_answer",

@@ -162,6 +162,38 @@ class WeightedSum(CombinedReward):
     return f"WeightedSum({self.weights})"
 
 
+class SumOfRewards:
+  """The sum of rewards that each return (total f32[B], {name: f32[B]}), their components
+  merged: verifiable rewards scored in a time-limited worker beside a learned one scored
+  in-process. `last_timeouts` sums the parts' timeouts (`time_limit.timeouts`)."""
+
+  def __init__(self, *parts):
+    if len(parts) < 2:
+      raise ValueError(f"SumOfRewards needs two or more rewards, got {len(parts)}")
+    self.parts = parts
+
+  def __call__(self, completions: Sequence[str],
+               examples: Sequence[Mapping[str, Any]] | None = None,
+               **kwargs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    total = np.zeros(len(completions), np.float32)
+    components: dict[str, np.ndarray] = {}
+    for part in self.parts:
+      part_total, part_components = part(completions, examples, **kwargs)
+      clash = sorted(set(components) & set(part_components))
+      if clash:
+        raise ValueError(f"rewards {clash} appear in more than one part of a SumOfRewards")
+      total += np.asarray(part_total, np.float32)
+      components.update(part_components)
+    return total, components
+
+  @property
+  def last_timeouts(self) -> int:
+    return sum(int(getattr(part, "last_timeouts", 0)) for part in self.parts)
+
+  def __repr__(self) -> str:
+    return f"SumOfRewards{self.parts}"
+
+
 def _check_weight(name: str, weight: Any) -> float:
   if isinstance(weight, bool) or not isinstance(weight, int | float | np.number):
     raise TypeError(f"weight of reward {name!r} must be a number, got {weight!r}")

@@ -392,4 +392,4 @@ def _row(value: Any, i: int, batch: int) -> Any:
 
 def timeouts(reward_fn) -> int:
   """Completions of `reward_fn`'s latest call that ran past its time limit; 0 without one."""
-  return reward_fn.last_timeouts if isinstance(reward_fn, TimeLimited) else 0
+  return int(getattr(reward_fn, "last_timeouts", 0))  # a TimeLimited, or a sum of rewards
