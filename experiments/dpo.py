@@ -42,7 +42,7 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.losses import preference as preference_lib
 from jaxrl_agents.models import reward_model as rm_lib
-from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import scoring
 
 LOSSES = ("dpo", "ipo", "rpo", "cpl")
@@ -93,18 +93,9 @@ def settings_from_config(config) -> DPOSettings:
                      system=config.system_prompt or None)
 
 
-def token_logprobs(params, tokens, mask, response, *, cfg: transformer.TransformerConfig):
-  """f32[N, W]: log pi(token | the tokens before it) on the response's tokens, 0 elsewhere."""
-  logits, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
-                                segment_ids=mask.astype(jnp.int32),
-                                num_positions=tokens.shape[1])
-  logp, _ = scoring.token_logprobs(logits[:, :-1], tokens[:, 1:], response[:, 1:])
-  return jnp.pad(logp, ((0, 0), (1, 0)))
-
-
 def _both_sides(params, batch: PairBatch, cfg):
   """Per-token log-probs of (chosen, rejected), both sides in one forward pass."""
-  lp = token_logprobs(params, jnp.concatenate([batch.chosen, batch.rejected]),
+  lp = scoring.reply_logprobs(params, jnp.concatenate([batch.chosen, batch.rejected]),
                       jnp.concatenate([batch.chosen_mask, batch.rejected_mask]),
                       jnp.concatenate([batch.chosen_response, batch.rejected_response]), cfg=cfg)
   n = batch.chosen.shape[0]

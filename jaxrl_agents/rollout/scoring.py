@@ -160,3 +160,18 @@ def policy_logprobs(
                                  scored(traj, traj.policy_mask), temperature=temperature,
                                  with_entropy=with_entropy)
   return to_stream(logp, traj), None if entropy is None else to_stream(entropy, traj)
+
+
+def reply_logprobs(params, tokens: jax.Array, mask: jax.Array, reply: jax.Array, *,
+                   cfg: transformer.TransformerConfig) -> jax.Array:
+  """f32[B, W]: log pi(token | the real tokens before it) at each reply token, 0 elsewhere.
+
+  For sequences outside a Trajectory (preference pairs, SFT rows:
+  `data.preferences.encode_texts`): tokens int[B, W] in any padding the mask
+  describes, reply bool[B, W] the tokens whose probability counts.
+  """
+  logits, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
+                                segment_ids=mask.astype(jnp.int32),
+                                num_positions=tokens.shape[1])
+  logp, _ = token_logprobs(logits[:, :-1], tokens[:, 1:], reply[:, 1:])
+  return jnp.pad(logp, ((0, 0), (1, 0)))
