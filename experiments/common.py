@@ -151,8 +151,12 @@ def make_rewards(config):
   if learned_spec and combinator != "sum":
     raise ValueError(f"a learned reward ({sorted(learned_spec)}) adds to the weighted sum; "
                      f"reward_combinator {combinator!r} needs rewards in [0, 1]: use 'sum'")
-  for options in learned_spec.values():
-    learned_rewards.check_workdir(options.get("workdir", "") if hasattr(options, "get") else "")
+  for name, options in list(learned_spec.items()):
+    options = dict(options.items()) if hasattr(options, "items") else {"weight": options}
+    learned_rewards.check_workdir(options.get("workdir", ""))
+    # The reward model reads the prompt the policy saw, made by this experiment's template.
+    options.setdefault("prompt_template", config.get("prompt_template", ""))
+    learned_spec[name] = options
   grade = registry.get("reward", config.grader)
   if limit:
     grade = time_limit.TimeLimited(grade, limit)

@@ -46,6 +46,8 @@ from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import scoring
 
 LOSSES = ("dpo", "ipo", "rpo", "cpl")
+_LOSS_FNS = {"dpo": losses.dpo_loss, "ipo": losses.ipo_loss, "rpo": losses.rpo_loss,
+             "cpl": losses.cpl_loss}
 # The hyperparameter that scales each loss's implicit reward (its margin's units).
 MARGIN_SCALE = {"dpo": "beta", "ipo": "tau", "rpo": "beta", "cpl": "alpha"}
 
@@ -88,6 +90,13 @@ def settings_from_config(config) -> DPOSettings:
   if config.loss not in LOSSES:
     raise ValueError(f"config.loss must be one of {LOSSES}, got {config.loss!r}")
   kwargs = dict(config.loss_kwargs.get(config.loss, {}))
+  accepted = set(inspect.signature(_LOSS_FNS[config.loss]).parameters) - {
+      "chosen_logp", "rejected_logp", "ref_chosen_logp", "ref_rejected_logp", "chosen_nll",
+      "chosen_mask", "rejected_mask"}
+  unknown = sorted(set(kwargs) - accepted)
+  if unknown:
+    raise ValueError(f"loss_kwargs.{config.loss}: unknown setting(s) {unknown}; "
+                     f"{config.loss} takes {sorted(accepted)}")
   return DPOSettings(loss=config.loss, loss_kwargs=tuple(sorted(kwargs.items())),
                      max_len=int(config.max_len), chat=bool(config.chat),
                      system=config.system_prompt or None)
@@ -142,9 +151,7 @@ def implicit_margins(params, batch: PairBatch, *, cfg, s: DPOSettings) -> jax.Ar
 
 def _default(loss: str, name: str) -> float:
   """A loss function's default for one of its hyperparameters."""
-  fn = {"dpo": losses.dpo_loss, "ipo": losses.ipo_loss, "rpo": losses.rpo_loss,
-        "cpl": losses.cpl_loss}[loss]
-  return inspect.signature(fn).parameters[name].default
+  return inspect.signature(_LOSS_FNS[loss]).parameters[name].default
 
 
 class PreferenceTrainer:
@@ -164,6 +171,7 @@ class PreferenceTrainer:
     self._reference = jax.jit(functools.partial(reference_logprobs, cfg=model.cfg))
     self._margins = jax.jit(functools.partial(implicit_margins, cfg=model.cfg, s=s))
     self.data = make_loader(train_pairs, batch_size=config.pairs_per_step, seed=config.seed)
+    self._held_batches = None
 
   def init_state(self) -> DPOState:
     params = jax.tree.map(jnp.copy, self.model.params)
@@ -192,15 +200,22 @@ class PreferenceTrainer:
                for p in pairs]
     return harness.StepResult(state=state, record=record, samples=samples)
 
+  def held_batches(self) -> list[tuple[PairBatch, int]]:
+    """The held-out pairs as batches of score_batch_size (the last padded) with the
+    reference's log-probs, made once: (batch, real rows)."""
+    if self._held_batches is None:
+      bs, held = self.config.score_batch_size, self.held_pairs
+      self._held_batches = []
+      for start in range(0, len(held), bs):
+        chunk = list(held[start:start + bs])
+        self._held_batches.append((self.batch(chunk + [chunk[0]] * (bs - len(chunk)))[0],
+                                   len(chunk)))
+    return self._held_batches
+
   def evaluate(self, state: DPOState) -> tuple[dict, list[dict]]:
-    bs, held = self.config.score_batch_size, self.held_pairs
-    margins = []
-    for start in range(0, len(held), bs):
-      chunk = list(held[start:start + bs])
-      padded = chunk + [chunk[0]] * (bs - len(chunk))
-      batch, _ = self.batch(padded)
-      margins.append(np.asarray(self._margins(state.params, batch))[:len(chunk)])
-    margins = np.concatenate(margins)
+    held = self.held_pairs
+    margins = np.concatenate([np.asarray(self._margins(state.params, batch))[:rows]
+                              for batch, rows in self.held_batches()])
     record = {**rm_lib.pair_calibration(margins), "num_pairs": len(held)}
     if self.candidates:
       record["greedy_accuracy"] = preference_data.greedy_accuracy(
@@ -233,7 +248,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   trainer = PreferenceTrainer(config, model, train_pairs, held_pairs, candidates)
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step,
-                     evaluate=trainer.evaluate if held_pairs else None, data=trainer.data,
+                     evaluate=trainer.evaluate, data=trainer.data,
                      nonfinite_count=trainer.nonfinite_count, postfix=("loss",),
                      progress=progress)
 

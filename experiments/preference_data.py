@@ -4,14 +4,16 @@ Generated pairs come from a task with a verifier: the model samples
 `generation.group_size` replies per question at `generation.temperature`, and
 a reply the grader (`config.grader`, a registered reward with
 `config.grader_kwargs`; 1 accepts) accepts is preferred to one it rejects.
-`generate_pairs` writes to `pairs_dir` (default <workdir>/pairs):
+`generate_pairs` writes to `pairs_dir` (default <workdir>/pairs), once: a
+directory that holds pairs made with other settings is refused, never
+overwritten (a run may be training on them):
 
   train.jsonl        pairs from the first `generation.train_prompts` train questions
   eval.jsonl         pairs from the first `generation.eval_prompts` held-out questions
   candidates.jsonl   each held-out question's replies and verdicts, and its greedy
                      reply: the best-of-N candidates
   generation.json    the settings they were made with, written last (marks them
-                     complete); files made with other settings are made again
+                     complete)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from jaxrl_agents import registry
 from jaxrl_agents.data import preferences
+from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import answers
@@ -41,6 +44,8 @@ ANSWER_READERS = {"math_strict": answers.strict_answer, "math_lenient": answers.
 
 def validate(config) -> None:
   """Checks the pair-data keys (`experiments/configs/preference_common.py`) and the batch."""
+  if config.minibatches < 1:
+    raise ValueError(f"minibatches must be >= 1, got {config.minibatches}")
   if config.pairs_per_step < 1 or config.pairs_per_step % config.minibatches:
     raise ValueError(f"pairs_per_step ({config.pairs_per_step}) must be a positive multiple of "
                      f"minibatches ({config.minibatches})")
@@ -169,17 +174,19 @@ def load_data(config, model: zoo.Model, workdir: str, progress: bool = True
   settings_file = os.path.join(directory, "generation.json")
   current = json.loads(json.dumps(_generation_settings(config)))
   if os.path.exists(settings_file):
+    # Pairs once written are never replaced: a run (or a resume) may be training on them.
     with open(settings_file) as f:
       saved = json.load(f)
-    if saved != current:
-      log.warning("%s was generated with other settings; generating again", directory)
-      os.remove(settings_file)
-  if not os.path.exists(settings_file):
+    changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+    if changed:
+      details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:6])
+      raise ValueError(f"{directory} holds pairs generated with other settings ({details}); "
+                       "use a new workdir or pairs_dir")
+  else:
     generate_pairs(config, model, directory, progress)
   train = preferences.load_pairs(os.path.join(directory, "train.jsonl"))
   held = preferences.load_pairs(os.path.join(directory, "eval.jsonl"))
-  with open(os.path.join(directory, "candidates.jsonl"), encoding="utf-8") as f:
-    candidates = [json.loads(line) for line in f if line.strip()]
+  candidates = [row for _, row in read_objects(os.path.join(directory, "candidates.jsonl"))]
   return train, held[: config.eval_size], candidates
 
 

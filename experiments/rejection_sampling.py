@@ -7,11 +7,12 @@ A round is `steps_per_round` steps. At its first step the current policy
 samples `samples_per_prompt` replies to each of `prompts_per_round` training
 prompts; `config.rewards` scores them (verifiable rewards, or a trained reward
 model: `{"reward_model": {"workdir": RUN}}`); each prompt keeps its `keep_top`
-best replies (`losses.raft_select`) whose reward is at least `min_reward`
-(ReST's threshold). The kept (prompt, reply) rows become the round's buffer,
-and each step of the round fine-tunes on `batch_size` rows drawn from it
-(`experiments.sft.sft_loss`). The buffer lives in the train state, so a run
-resumed mid-round continues on the same rows. Evaluate every round
+best finished replies (`losses.raft_select`; a reply cut at the token budget
+is not kept unless `keep_unfinished`) whose reward is at least `min_reward` (ReST's threshold). The
+kept (prompt, reply) rows become the round's buffer, and each step of the
+round fine-tunes on `batch_size` rows drawn from it (`experiments.sft.sft_loss`).
+The buffer lives in the train state, so a run resumed mid-round continues on
+the same rows. Evaluate every round
 (`eval_every = steps_per_round`) for the per-round held-out accuracy.
 """
 
@@ -67,7 +68,14 @@ class RejectionSampling:
                         system=c.system_prompt or None, reward_fn=self.reward_fn,
                         grader=self.grader)
     rewards = r.rewards.reshape(-1, n)
-    keep = np.asarray(self._select(jnp.asarray(rewards), c.keep_top)) & (rewards >= c.min_reward)
+    # A reply cut at the token budget never ended: fine-tuning on it (closed by the
+    # end-of-turn token) would teach the policy to stop mid-reply. It is never kept.
+    finished = (np.asarray(r.traj.policy_mask).sum(-1) < c.max_new_tokens).reshape(-1, n)
+    if c.keep_unfinished:
+      finished = np.ones_like(finished)
+    ranked = np.where(finished, rewards, -np.inf)
+    keep = (np.asarray(self._select(jnp.asarray(ranked), c.keep_top)) & finished
+            & (rewards >= c.min_reward))
     kept = np.flatnonzero(keep.reshape(-1))
     buffer = state.buffer
     if len(kept):
@@ -80,6 +88,11 @@ class RejectionSampling:
               "round_reward_mean": float(r.rewards.mean()),
               "round_sample_accuracy": float(r.correct.mean()),
               "round_kept_frac": len(kept) / len(r.rewards),
+              "round_finished_frac": float(
+                  (np.asarray(r.traj.policy_mask).sum(-1) < c.max_new_tokens).mean()),
+              "round_best_finished_reward_mean": float(
+                  np.max(ranked, axis=1)[finished.any(axis=1)].mean()
+                  if finished.any() else np.nan),
               "round_prompts_with_a_kept_reply": float(keep.any(axis=1).mean())}
     samples = [{"prompt": r.prompts[i], "completion": r.completions[i],
                 "reward": float(r.rewards[i])} for i in kept]
@@ -104,7 +117,8 @@ class RejectionSampling:
                               samples=samples)
 
   def evaluate(self, state: RSState) -> tuple[dict, list[dict]]:
-    return sft.held_out_accuracy(self.config, self.model, state.params, self.eval_examples)
+    return sft.held_out_accuracy(self.config, self.model, state.params, self.eval_examples,
+                                 (self.reward_fn, self.grader))
 
   def nonfinite_count(self, state) -> tuple[int, int]:
     return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
@@ -114,8 +128,8 @@ def validate(config) -> None:
   harness.validate_run_keys(config)
   common.make_rewards(config)  # reward names, options and the combinator
   registry.get("reward", config.grader)
-  for key in ("steps", "prompts_per_round", "samples_per_prompt", "max_new_tokens",
-              "minibatches", "max_len"):
+  for key in ("minibatches", "steps", "prompts_per_round", "samples_per_prompt",
+              "max_new_tokens", "max_len"):
     if config[key] < 1:
       raise ValueError(f"config.{key} must be >= 1, got {config[key]}")
   if not config.temperature > 0:

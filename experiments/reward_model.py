@@ -42,6 +42,7 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.models import reward_model as rm_lib
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.rewards import learned
 
 
 class RMState(NamedTuple):
@@ -51,11 +52,13 @@ class RMState(NamedTuple):
 
 
 class PairBatch(NamedTuple):
-  """N pairs, each side int32[N, W] tokens and bool[N, W] mask (left-padded)."""
+  """N pairs, each side int32[N, W] tokens, bool[N, W] mask and reply mask (left-padded)."""
   chosen: jax.Array
   chosen_mask: jax.Array
+  chosen_reply: jax.Array
   rejected: jax.Array
   rejected_mask: jax.Array
+  rejected_reply: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +83,9 @@ def settings_from_config(config, cfg: transformer.TransformerConfig) -> RMSettin
                     system=config.system_prompt or None)
 
 
-def rewards_of(params, tokens, mask, *, cfg, s: RMSettings):
+def rewards_of(params, tokens, mask, reply, *, cfg, s: RMSettings):
   return rm_lib.outcome_rewards(params, tokens, mask, cfg=cfg, pooling=s.pooling,
-                                frozen_layers=s.frozen_layers)
+                                frozen_layers=s.frozen_layers, reply=reply)
 
 
 def bt_loss(params, batch: PairBatch, *, cfg, s: RMSettings):
@@ -90,7 +93,8 @@ def bt_loss(params, batch: PairBatch, *, cfg, s: RMSettings):
   # Both sides in one forward pass when they share a width (they always do: see pair_batch).
   tokens = jnp.concatenate([batch.chosen, batch.rejected])
   mask = jnp.concatenate([batch.chosen_mask, batch.rejected_mask])
-  r = rewards_of(params, tokens, mask, cfg=cfg, s=s)
+  reply = jnp.concatenate([batch.chosen_reply, batch.rejected_reply])
+  r = rewards_of(params, tokens, mask, reply, cfg=cfg, s=s)
   n = batch.chosen.shape[0]
   return losses.bradley_terry_loss(r[:n], r[n:], margin=s.margin)
 
@@ -98,28 +102,13 @@ def bt_loss(params, batch: PairBatch, *, cfg, s: RMSettings):
 def pair_batch(tok, pairs: Sequence[Mapping[str, Any]], s: RMSettings) -> tuple[PairBatch, int]:
   """(PairBatch of both sides at one bucketed width, sequences truncated to max_len)."""
   c, r = preferences.encode_pairs(tok, pairs, max_len=s.max_len, chat=s.chat, system=s.system)
-  batch = PairBatch(*(jnp.asarray(x) for x in (c.tokens, c.mask, r.tokens, r.mask)))
+  batch = PairBatch(*(jnp.asarray(x) for x in (c.tokens, c.mask, c.response, r.tokens, r.mask,
+                                                r.response)))
   return batch, int(c.truncated.sum() + r.truncated.sum())
 
 
 # ----------------------------------------------------------------------------
 # Evaluation.
-
-
-def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequence[str], *,
-                s: RMSettings, batch_size: int) -> np.ndarray:
-  """f32[len(prompts)]: rewards of (prompt, response) texts, in batches of `batch_size` rows
-  (the last padded) at bucketed widths, so repeated scoring compiles a few shapes."""
-  out = []
-  for start in range(0, len(prompts), batch_size):
-    p = list(prompts[start:start + batch_size])
-    r = list(responses[start:start + batch_size])
-    rows = len(p)
-    p += [p[0]] * (batch_size - rows)
-    r += [r[0]] * (batch_size - rows)
-    e = preferences.encode_texts(tok, p, r, max_len=s.max_len, chat=s.chat, system=s.system)
-    out.append(np.asarray(score_fn(params, jnp.asarray(e.tokens), jnp.asarray(e.mask)))[:rows])
-  return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
 
 def selection_metrics(rewards: np.ndarray, candidates: Sequence[Mapping[str, Any]], *,
@@ -148,6 +137,12 @@ def selection_metrics(rewards: np.ndarray, candidates: Sequence[Mapping[str, Any
 # The trainer.
 
 
+def head_labels(params) -> dict:
+  """Optimizer group of each parameter: "head" for the scalar head, "default" for the rest."""
+  return {name: jax.tree.map(lambda _, n=name: "head" if n == "head" else "default", tree)
+          for name, tree in params.items()}
+
+
 class RewardModelTrainer:
   """Bradley-Terry training of an outcome reward model: harness callbacks over jitted steps."""
 
@@ -155,8 +150,12 @@ class RewardModelTrainer:
     self.config, self.model = config, model
     self.s = s = settings_from_config(config, model.cfg)
     self.train_pairs, self.held_pairs, self.candidates = train_pairs, held_pairs, candidates
-    self.optimizer = optim_lib.make_optimizer(total_updates=config.steps * config.minibatches,
-                                              **config.optimizer)
+    # The fresh head learns at its own rate: from zero, the backbone's rate would take
+    # hundreds of steps to give the rewards any scale.
+    self.optimizer = optim_lib.make_optimizer(
+        total_updates=config.steps * config.minibatches, **config.optimizer,
+        groups={"head": {"learning_rate": config.reward_model.head_learning_rate}},
+        label_fn=head_labels)
     loss = functools.partial(bt_loss, cfg=model.cfg, s=s)
     self._update = jax.jit(functools.partial(
         optim_lib.update_state, self.optimizer, loss, epochs=1, minibatches=config.minibatches),
@@ -185,10 +184,11 @@ class RewardModelTrainer:
     tok, bs = self.model.tokenizer, self.config.score_batch_size
     held = self.held_pairs
     prompts = [p["prompt"] for p in held]
-    chosen = score_texts(self._score, state.params, tok, prompts, [p["chosen"] for p in held],
-                         s=self.s, batch_size=bs)
-    rejected = score_texts(self._score, state.params, tok, prompts,
-                           [p["rejected"] for p in held], s=self.s, batch_size=bs)
+    score = functools.partial(learned.score_texts, self._score, state.params, tok,
+                              max_len=self.s.max_len, chat=self.s.chat, system=self.s.system,
+                              batch_size=bs)
+    chosen = score(prompts, [p["chosen"] for p in held])
+    rejected = score(prompts, [p["rejected"] for p in held])
     record = rm_lib.pair_calibration(chosen - rejected)
     record["num_pairs"] = len(held)
     samples = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"],
@@ -198,8 +198,7 @@ class RewardModelTrainer:
       flat_prompts = [c["prompt"] for c in self.candidates for _ in c["replies"]]
       flat_replies = [reply for c in self.candidates for reply in c["replies"]]
       n = len(self.candidates[0]["replies"])
-      rewards = score_texts(self._score, state.params, tok, flat_prompts, flat_replies,
-                            s=self.s, batch_size=bs).reshape(-1, n)
+      rewards = score(flat_prompts, flat_replies).reshape(-1, n)
       record.update(selection_metrics(rewards, self.candidates, read_answer=self.read_answer,
                                       vote_temperature=self.config.vote_temperature))
     return record, samples
@@ -211,6 +210,9 @@ class RewardModelTrainer:
 def validate(config) -> None:
   harness.validate_run_keys(config)
   preference_data.validate(config)
+  if config.reward_model.frozen_layers and config.optimizer.weight_decay:
+    raise ValueError("optimizer.weight_decay > 0 would shrink the frozen layers too; set it to "
+                     "0 or reward_model.frozen_layers to 0")
   if config.vote_temperature <= 0:
     raise ValueError(f"vote_temperature must be > 0, got {config.vote_temperature}")
 
@@ -219,7 +221,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   """Runs (or resumes) reward-model training in `workdir`; returns the last eval record."""
   validate(config)
   model = common.load_model(config)
-  settings_from_config(config, model.cfg)
+  settings_from_config(config, model.cfg)  # before the pairs are generated
   train_pairs, held_pairs, candidates = preference_data.load_data(config, model, workdir,
                                                                   progress)
   if len(train_pairs) < config.pairs_per_step:
@@ -228,7 +230,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   trainer = RewardModelTrainer(config, model, train_pairs, held_pairs, candidates)
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step,
-                     evaluate=trainer.evaluate if held_pairs else None, data=trainer.data,
+                     evaluate=trainer.evaluate, data=trainer.data,
                      nonfinite_count=trainer.nonfinite_count, postfix=("loss", "accuracy"),
                      finite_keys=(), progress=progress)
 

@@ -40,6 +40,7 @@ from jaxrl_agents import data as data_lib
 from jaxrl_agents import harness, losses, rl_loop
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import preferences
+from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import scoring, single_turn
 
@@ -90,9 +91,11 @@ def init_state(model: zoo.Model, optimizer) -> SFTState:
                   updates=jnp.zeros((), jnp.int32))
 
 
-def held_out_accuracy(config, model: zoo.Model, params, eval_examples) -> tuple[dict, list]:
-  """Greedy accuracy (and rewards) on the task's held-out questions (`rl_loop.evaluate`)."""
-  reward_fn, grader = common.make_rewards(config)
+def held_out_accuracy(config, model: zoo.Model, params, eval_examples, rewards
+                      ) -> tuple[dict, list]:
+  """Greedy accuracy (and rewards) on the task's held-out questions (`rl_loop.evaluate`);
+  `rewards` is `common.make_rewards(config)`, made once per run."""
+  reward_fn, grader = rewards
   return rl_loop.evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
                           max_new_tokens=config.max_new_tokens, template=config.prompt_template,
                           chat=config.chat, system=config.system_prompt or None,
@@ -107,6 +110,7 @@ class SFTTrainer:
     self._nll = jax.jit(functools.partial(sft_loss, cfg=model.cfg))
     self.data = data_lib.make_loader(rows, batch_size=config.batch_size, seed=config.seed)
     self.system = config.system_prompt or None
+    self.rewards = common.make_rewards(config) if eval_examples else None
 
   def init_state(self) -> SFTState:
     return init_state(self.model, self.optimizer)
@@ -141,7 +145,7 @@ class SFTTrainer:
       record.update(held_out_nll=nll / max(tokens, 1.0), held_out_tokens=tokens)
     if self.eval_examples:
       accuracy, samples = held_out_accuracy(self.config, self.model, state.params,
-                                            self.eval_examples)
+                                            self.eval_examples, self.rewards)
       record.update(accuracy)
     return record, samples
 
@@ -150,11 +154,20 @@ class SFTTrainer:
 
 
 def load_rows(path: str) -> list[dict]:
-  rows = data_lib.load_jsonl(path, prompt_field="prompt", answer_field="completion")
-  for i, row in enumerate(rows):
-    if not isinstance(row["completion"], str) or not row["completion"].strip():
-      raise ValueError(f"{path}: row {i + 1} (counting non-blank lines): 'completion' must be "
-                       "a non-empty string")
+  """The {"prompt", "completion"} rows of a JSONL file; a bad row names its file and line."""
+  rows = []
+  for where, row in read_objects(path):
+    for field in ("prompt", "completion"):
+      if field not in row:
+        raise ValueError(f"{where}: missing field {field!r} (fields: {sorted(row)})")
+      if not isinstance(row[field], str):
+        raise ValueError(f"{where}: field {field!r} must be a string, got "
+                         f"{type(row[field]).__name__}")
+    if not row["completion"].strip():
+      raise ValueError(f"{where}: field 'completion' is empty")
+    rows.append(row)
+  if not rows:
+    raise ValueError(f"{path}: no rows (the file is empty or blank)")
   return rows
 
 
@@ -176,6 +189,8 @@ def held_out_examples(config) -> list[dict]:
 
 def validate(config) -> None:
   harness.validate_run_keys(config)
+  if config.minibatches < 1:
+    raise ValueError(f"minibatches must be >= 1, got {config.minibatches}")
   if not config.jsonl_path and not config.task:
     raise ValueError("set config.jsonl_path (a JSONL file of {'prompt', 'completion'} rows) or "
                      "config.task (its questions and reference answers)")

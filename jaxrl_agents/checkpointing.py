@@ -189,8 +189,9 @@ def _as_lists(tree: Any) -> Any:
   return tree
 
 
-def latest_policy_params(workdir: str) -> tuple[Any, dict, int]:
-  """(policy params, run metadata, step) from a training run's newest readable checkpoint.
+def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, dict, int]:
+  """(policy params, run metadata, step) from a training run's newest readable checkpoint,
+  or from checkpoint `step` when given.
 
   Works without the experiment's code: the state is restored as plain arrays
   and the policy is `state["params"]` (or its "policy" entry when the params
@@ -201,6 +202,11 @@ def latest_policy_params(workdir: str) -> tuple[Any, dict, int]:
     steps = ckpt.steps()
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
+    if step is not None:
+      if step not in steps:
+        raise FileNotFoundError(f"no checkpoint of step {step} in {ckpt.directory} (it has "
+                                f"{steps})")
+      steps = [step]
     for step in reversed(steps):
       try:
         restored = ckpt._manager.restore(step, args=ocp.args.Composite(

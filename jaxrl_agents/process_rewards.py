@@ -25,9 +25,11 @@ import jax
 import jax.numpy as jnp
 
 
-def _check(name: str, x: jax.Array, step_mask: jax.Array) -> None:
-  if x.shape[:2] != step_mask.shape or step_mask.ndim != 2:
-    raise ValueError(f"{name} {x.shape} does not match step_mask {step_mask.shape} ([B, K])")
+def _check(name: str, x: jax.Array, step_mask: jax.Array, ndim: int = 2) -> None:
+  if x.ndim != ndim or x.shape[:2] != step_mask.shape or step_mask.ndim != 2:
+    want = "[B, K, M]" if ndim == 3 else "[B, K]"
+    raise ValueError(f"{name} has shape {x.shape}, step_mask {step_mask.shape}: expected "
+                     f"{want} and [B, K]")
 
 
 def mc_step_values(successes: jax.Array, step_mask: jax.Array) -> jax.Array:
@@ -38,7 +40,7 @@ def mc_step_values(successes: jax.Array, step_mask: jax.Array) -> jax.Array:
       ending at step k reached the right answer.
     step_mask: bool[B, K].
   """
-  _check("successes", successes, step_mask)
+  _check("successes", successes, step_mask, ndim=3)
   return jnp.where(step_mask, successes.astype(jnp.float32).mean(axis=-1), 0.0)
 
 

@@ -90,6 +90,22 @@ def test_each_loss_is_the_library_loss_of_independently_computed_log_probs(tiny,
   assert float(got) == pytest.approx(float(expected), rel=1e-4)
 
 
+def test_a_reply_token_with_no_real_token_before_it_counts_zero(tiny):
+  """An empty raw prompt: the reply's first token has only padding before it, so it has no
+  prediction and contributes 0 (not a log-prob read off a padding column)."""
+  from jaxrl_agents.rollout import scoring
+
+  e = preferences.encode_texts(tiny.tokenizer, ["", ""], ["ab", "abcdef"], max_len=64,
+                               chat=False)
+  logp = np.asarray(scoring.reply_logprobs(tiny.params, jnp.asarray(e.tokens),
+                                           jnp.asarray(e.mask), jnp.asarray(e.response),
+                                           cfg=tiny.cfg))
+  for i in range(2):
+    real = np.flatnonzero(e.mask[i])
+    assert logp[i, real[0]] == 0.0 and np.all(logp[i, real[1:]] < 0)
+    assert np.all(logp[i, :real[0]] == 0)
+
+
 def _signal_pairs(n, seed):
   rng = np.random.default_rng(seed)
   words = ["red", "blue", "cat", "dog", "sun", "sea", "tree", "rock"]
@@ -143,6 +159,10 @@ def test_config_refusals(tmp_path):
   config.loss = "kto"
   with pytest.raises(ValueError, match="config.loss must be one of"):
     dpo.train(config, str(tmp_path / "a"), progress=False)
+  config = dpo_arithmetic.get_config("tiny")
+  config.loss_kwargs.dpo.betta = 0.2
+  with pytest.raises(ValueError, match=r"loss_kwargs.dpo: unknown setting\(s\) \['betta'\]"):
+    dpo.train(config, str(tmp_path / "k"), progress=False)
   config = dpo_arithmetic.get_config("tiny")
   config.pairs_per_step, config.minibatches = 3, 2
   with pytest.raises(ValueError, match="positive multiple of minibatches"):

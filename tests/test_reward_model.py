@@ -58,6 +58,11 @@ def test_mean_pooling_and_step_rewards_by_hand(tiny):
   mean = rm_lib.outcome_rewards(params, tokens, mask, cfg=tiny.cfg, pooling="mean")
   np.testing.assert_allclose(np.asarray(mean), [scores[0, 2:].mean(), scores[1].mean()],
                              rtol=1e-5)
+  reply = jnp.asarray([[False] * 4 + [True] * 2, [False] * 3 + [True] * 3])
+  reply_mean = rm_lib.outcome_rewards(params, tokens, mask, cfg=tiny.cfg, pooling="mean",
+                                      reply=reply)
+  np.testing.assert_allclose(np.asarray(reply_mean), [scores[0, 4:].mean(), scores[1, 3:].mean()],
+                             rtol=1e-5)
   ends = rm_lib.step_end_mask(tokens, [10])
   steps = np.asarray(rm_lib.step_rewards(params, tokens, mask, ends, cfg=tiny.cfg))
   np.testing.assert_array_equal(steps != 0, np.asarray(tokens) == 10)
@@ -256,12 +261,31 @@ def test_config_refusals(tmp_path):
   config.eval_pairs_jsonl = "x.jsonl"
   with pytest.raises(ValueError, match="pairs_jsonl is not"):
     rm_experiment.train(config, str(tmp_path / "c"), progress=False)
+  config = reward_model_arithmetic.get_config("tiny")
+  config.optimizer.weight_decay = 0.01
+  with pytest.raises(ValueError, match="would shrink the frozen layers"):
+    rm_experiment.train(config, str(tmp_path / "d"), progress=False)
+
+
+def test_generated_pairs_are_never_replaced(tmp_path):
+  """A pairs directory made with other settings is refused, not regenerated: a run may be
+  training on it."""
+  config = reward_model_arithmetic.get_config("tiny")
+  config.steps = 1
+  rm_experiment.train(config, str(tmp_path / "a"), progress=False)
+  before = (tmp_path / "a" / "pairs" / "train.jsonl").read_text()
+  config.generation.temperature = 0.7
+  config.pairs_dir = str(tmp_path / "a" / "pairs")
+  with pytest.raises(ValueError, match=r"other settings \(generation.temperature|temperature"):
+    rm_experiment.train(config, str(tmp_path / "b"), progress=False)
+  assert (tmp_path / "a" / "pairs" / "train.jsonl").read_text() == before
 
 
 def test_a_trained_reward_model_is_grpos_reward(tmp_path):
   """A reward model trained on '!'-over-'?' pairs, named in GRPO's config.rewards: it prefers
-  '!' replies when loaded as a reward, scores without recompiling, and a tiny GRPO run with it
-  as the only reward logs its component and resumes."""
+  '!' replies when loaded as a reward, scores each reply with the prompt the template makes,
+  scores without recompiling, and a tiny GRPO run with it as the only reward logs its
+  component."""
   from experiments import grpo
   from experiments.configs import grpo_arithmetic
   from jaxrl_agents.rewards import learned
@@ -282,8 +306,9 @@ def test_a_trained_reward_model_is_grpos_reward(tmp_path):
                         ["blue dog!", "sea!", "blue dog?", "sea?"])
   assert scores[0] > scores[2] and scores[1] > scores[3]
   np.testing.assert_allclose(
-      learned.reward_model_reward(["blue dog!", "sea?"], examples, workdir=rm_dir, batch_size=4),
-      reward(["blue dog!", "sea?"], examples))
+      learned.reward_model_reward(["blue dog!", "sea?"], examples, workdir=rm_dir, batch_size=4,
+                                  prompt_template="{question}"),
+      reward.score(["red cat", "sun"], ["blue dog!", "sea?"]))
   compiled = reward._score._cache_size()
   reward.score(["cat red", "nus", "tac der", "sun"], ["dog blue!", "sea?", "dog blue?", "aes!"])
   assert reward._score._cache_size() == compiled  # new texts, same bucketed width

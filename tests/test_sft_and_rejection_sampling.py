@@ -101,8 +101,20 @@ def test_rejection_sampling_rounds_keep_the_best_replies_and_resume_exactly(tmp_
   kept = [s for s in metrics_lib.read_jsonl(os.path.join(full, "samples.jsonl"))
           if s["kind"] == "train" and s["step"] == 1]
   assert len(kept) == 4 and all("reward" in s for s in kept)
+  # Each kept reply is its question's best finished one.
+  assert np.mean([s["reward"] for s in kept]) == pytest.approx(
+      train[0]["round_best_finished_reward_mean"])
   evals = _records(full, "eval")
   assert [e["step"] for e in evals] == [0, 2, 4] and "accuracy" in evals[0]
+  # Without keep_unfinished only finished replies are kept: the random model's rarely are.
+  config.keep_unfinished = False
+  config.steps = 2
+  strict = str(tmp_path / "strict")
+  rejection_sampling.train(config, strict, progress=False)
+  first = _records(strict, "train")[0]
+  assert first["buffer_rows"] == round(4 * first["round_prompts_with_a_kept_reply"])
+  assert first["round_kept_frac"] <= first["round_finished_frac"]
+  config.keep_unfinished = True
   part = str(tmp_path / "part")
   config.steps = 3
   with pytest.raises(ValueError, match="whole number of rounds"):

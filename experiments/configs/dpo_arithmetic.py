@@ -3,10 +3,12 @@ r"""DPO (or IPO, RPO, CPL) on arithmetic pairs, on the embedded SmolLM2-135M.
   python -m experiments.dpo --config=experiments/configs/dpo_arithmetic.py \
       --workdir=runs/dpo_arithmetic
 
-The pairs are the reward model's (`reward_model_arithmetic.py`): the model's
-own replies to `arithmetic/mixed` questions, one the strict grader accepts
-against one it rejects. Evaluation reports the implicit reward's held-out pair
-accuracy and the policy's greedy accuracy on the 100 held-out questions.
+The pairs are made as for the reward model (`reward_model_arithmetic.py`): the
+model's own replies to `arithmetic/mixed` questions, one the strict grader
+accepts against one it rejects (generated into <workdir>/pairs; point
+`pairs_dir` at a reward-model run's pairs to reuse them when the settings
+match). Evaluation reports the implicit reward's held-out pair accuracy and the
+policy's greedy accuracy on the 100 held-out questions.
 
 Variants (`--config=...dpo_arithmetic.py:VARIANT`):
   tiny   the tiny random model, a few small steps, every artifact (seconds).

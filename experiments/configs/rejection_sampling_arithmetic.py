@@ -44,6 +44,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.samples_per_prompt = 8
   c.keep_top = 1  # RAFT: the k best replies of each question...
   c.min_reward = 1.0  # ...whose reward reaches this (ReST's threshold)
+  # A reply cut at max_new_tokens never ended; kept, it would teach stopping mid-reply.
+  c.keep_unfinished = False
   c.max_new_tokens = 32
   c.temperature = 0.8
   c.top_p = 1.0
@@ -76,6 +78,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.prompts_per_round = 4
     c.samples_per_prompt = 4
     c.min_reward = 0.0
+    c.keep_unfinished = True  # the random model rarely samples its stop token
     c.max_new_tokens = 16
     c.steps_per_round = 2
     c.steps = 4

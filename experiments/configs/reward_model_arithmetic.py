@@ -30,9 +30,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # The reward model: the policy model's backbone and a scalar head, read at the
   # reply's end-of-turn token ("last") or averaged over the sequence ("mean").
   # frozen_layers: the embedding and the first k layers get no gradient (and no
-  # backward pass).
+  # backward pass). The head learns at head_learning_rate (the optimizer's rate is the
+  # backbone's).
   c.reward_model = ml_collections.ConfigDict(dict(
-      pooling="last", frozen_layers=20, max_len=128, head_scale=0.0))
+      pooling="last", frozen_layers=20, max_len=128, head_scale=0.0, head_learning_rate=1e-3))
   c.margin = 0.0  # Bradley-Terry margin (Llama 2's); 0 is the plain loss
 
   c.steps = 150

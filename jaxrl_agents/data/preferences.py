@@ -88,6 +88,8 @@ def pairs_from_groups(prompts: Sequence[str], responses: Sequence[str],
   if not (len(responses) == len(correct) == n) or group_size < 1 or n % group_size:
     raise ValueError(f"{n} prompts, {len(responses)} responses and {len(correct)} verdicts "
                      f"are not groups of {group_size}")
+  if extra is not None and len(extra) != n // group_size:
+    raise ValueError(f"extra has {len(extra)} entries for {n // group_size} groups")
   rng = random.Random(seed)
   pairs = []
   for g in range(n // group_size):
@@ -120,7 +122,12 @@ def response_ids(tok, prompt: str, response: str, *, chat: bool = True,
 def end_token(tok) -> int:
   """The token a reply ends with: EOS (an instruct model's end of turn, SmolLM2's
   <|im_end|>), else the first stop token."""
-  return tok.eos_token_id if tok.eos_token_id is not None else tokenizer_lib.stop_token_ids(tok)[0]
+  if tok.eos_token_id is not None:
+    return tok.eos_token_id
+  stops = tokenizer_lib.stop_token_ids(tok)
+  if not stops:
+    raise ValueError("the tokenizer has no EOS and no <|endoftext|> token to close a reply with")
+  return stops[0]
 
 
 def bucket_width(length: int, multiple: int = 32) -> int:
@@ -154,6 +161,8 @@ def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_l
   """
   if len(prompts) != len(responses):
     raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+  if max_len < 2:
+    raise ValueError(f"max_len must be >= 2 tokens, got {max_len}")
   rows, starts, truncated = [], [], []
   for p, r in zip(prompts, responses, strict=True):
     ids, prompt_len = response_ids(tok, p, r, chat=chat, system=system)

@@ -16,9 +16,10 @@ describes) and runs under jit:
                                                      only (a process reward model)
 
 `frozen_layers` = k stops the gradient at the embedding and the first k
-layers: their weights get no update and, because nothing below layer k needs
-a gradient, XLA drops their backward pass, so a reward model trains at a
-fraction of a full fine-tune's cost.
+layers: their gradient is zero and, because nothing below layer k needs a
+gradient, XLA drops their backward pass, so a step costs a fraction of a full
+fine-tune's compute (the optimizer still holds their moments, and weight
+decay would still shrink them: the trainer refuses it with frozen layers).
 
 `jaxrl_agents.data.preferences.encode_texts` turns (prompt, response) texts
 into the sequences a reward model reads, ending with the token that closes the
@@ -90,16 +91,16 @@ def last_index(mask: jax.Array) -> jax.Array:
 
 def outcome_rewards(params, tokens: jax.Array, mask: jax.Array, *,
                     cfg: transformer.TransformerConfig, pooling: str = "last",
-                    frozen_layers: int = 0) -> jax.Array:
-  """f32[B]: one reward per sequence, the score at its last real token or the mean over
-  its real tokens (`pooling`)."""
+                    frozen_layers: int = 0, reply: jax.Array | None = None) -> jax.Array:
+  """f32[B]: one reward per sequence, the score at its last real token, or with "mean" the
+  mean score over the reply's tokens (`reply` bool[B, T]; all real tokens without it)."""
   if pooling not in POOLINGS:
     raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
   scores = token_scores(params, tokens, mask, cfg=cfg, frozen_layers=frozen_layers)
   if pooling == "last":
     return jnp.take_along_axis(scores, last_index(mask)[:, None], axis=1)[:, 0]
-  count = mask.sum(axis=1)
-  return scores.sum(axis=1) / jnp.maximum(count, 1)
+  pooled = mask if reply is None else reply & mask
+  return jnp.where(pooled, scores, 0.0).sum(axis=1) / jnp.maximum(pooled.sum(axis=1), 1)
 
 
 def step_rewards(params, tokens: jax.Array, mask: jax.Array, step_ends: jax.Array, *,

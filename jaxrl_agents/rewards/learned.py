@@ -2,11 +2,13 @@
 
     from_config({"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic"}})
 
-RUN is a workdir of `experiments/reward_model.py`. Its newest checkpoint gives
-the parameters (verified against their digests) and its config.json the model,
-the prompt template and chat settings it was trained with, the pooling and
-the length limit. Each completion is scored with the prompt its example makes
-through that template, as one jitted forward pass per batch of `batch_size`
+RUN is a workdir of `experiments/reward_model.py`. Its checkpoint `step` (0:
+the newest; pin it for a run that must resume exactly while RUN trains on)
+gives the parameters, verified against their digests, and its config.json the
+model, chat settings, pooling and length limit. Each completion is scored
+with its prompt made from its example through `prompt_template`: the
+experiment binds its own (the prompt the policy saw), else the reward model
+run's. Scoring is one jitted forward pass per batch of `batch_size`
 (bucketed widths: a run compiles a few shapes).
 
 A learned reward runs in the trainer's process, on the device, never in the
@@ -40,7 +42,8 @@ def is_learned(name: str) -> bool:
 
 
 def check_workdir(workdir: str) -> None:
-  """Fails naming the problem unless `workdir` holds a reward-model run (before any step)."""
+  """Fails naming the problem unless `workdir` holds a reward-model run with a checkpoint
+  (checked before any step)."""
   if not workdir:
     raise ValueError("reward_model needs the workdir of a reward-model run: "
                      "{'reward_model': {'workdir': ...}}")
@@ -52,12 +55,38 @@ def check_workdir(workdir: str) -> None:
     if "reward_model" not in json.load(f):
       raise ValueError(f"reward_model: {workdir} is not a reward-model run (its config has no "
                        "'reward_model' settings)")
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(checkpoints) or not any(name.isdigit()
+                                               for name in os.listdir(checkpoints)):
+    raise FileNotFoundError(f"reward_model: {workdir} has no checkpoint yet")
+
+
+def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequence[str], *,
+                max_len: int, chat: bool, system: str | None, batch_size: int) -> np.ndarray:
+  """f32[B] `score_fn(params, tokens, mask, reply)` of (prompt, response) texts, in batches of
+  `batch_size` rows (the last padded) at bucketed widths: repeated scoring compiles a
+  few shapes."""
+  import jax.numpy as jnp
+
+  from jaxrl_agents.data import preferences
+
+  out = []
+  for start in range(0, len(prompts), batch_size):
+    p = list(prompts[start:start + batch_size])
+    r = list(responses[start:start + batch_size])
+    rows = len(p)
+    p += [p[0]] * (batch_size - rows)
+    r += [r[0]] * (batch_size - rows)
+    e = preferences.encode_texts(tok, p, r, max_len=max_len, chat=chat, system=system)
+    out.append(np.asarray(score_fn(params, jnp.asarray(e.tokens), jnp.asarray(e.mask),
+                                   jnp.asarray(e.response)))[:rows])
+  return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
 class LearnedReward:
   """An outcome reward model restored from a reward-model run: texts -> f32[B] rewards."""
 
-  def __init__(self, workdir: str, batch_size: int = 32):
+  def __init__(self, workdir: str, batch_size: int = 32, step: int = 0):
     # Imported here: the rewards package stays light for the reward worker processes.
     import jax
     import jax.numpy as jnp
@@ -69,7 +98,7 @@ class LearnedReward:
     check_workdir(workdir)
     with open(os.path.join(workdir, "config.json")) as f:
       self.config = json.load(f)
-    params, _, self.step = checkpointing.latest_policy_params(workdir)
+    params, _, self.step = checkpointing.latest_policy_params(workdir, step or None)
     if set(params) != {"backbone", "head"}:
       raise ValueError(f"{workdir}'s checkpoint holds {sorted(params)}, not a reward model's "
                        "backbone and head")
@@ -82,58 +111,52 @@ class LearnedReward:
     self.chat = bool(self.config.get("chat", True))
     self.system = self.config.get("system_prompt") or None
     self.batch_size = batch_size
-    self._score = jax.jit(functools.partial(rm_lib.outcome_rewards, cfg=model.cfg,
-                                            pooling=settings["pooling"]))
+    self._score = jax.jit(lambda p, tokens, mask, reply: rm_lib.outcome_rewards(
+        p, tokens, mask, cfg=model.cfg, pooling=settings["pooling"], reply=reply))
     log.info("reward model from %s (step %d)", workdir, self.step)
 
   def score(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
     """f32[B] rewards of (prompt, response) texts, the prompt as the user message."""
-    import jax.numpy as jnp
+    return score_texts(self._score, self.params, self.tokenizer, prompts, responses,
+                       max_len=self.max_len, chat=self.chat, system=self.system,
+                       batch_size=self.batch_size)
 
-    from jaxrl_agents.data import preferences
-
-    out = []
-    for start in range(0, len(prompts), self.batch_size):
-      p = list(prompts[start:start + self.batch_size])
-      r = list(responses[start:start + self.batch_size])
-      rows = len(p)
-      p += [p[0]] * (self.batch_size - rows)  # one batch size: one compiled shape per width
-      r += [r[0]] * (self.batch_size - rows)
-      e = preferences.encode_texts(self.tokenizer, p, r, max_len=self.max_len, chat=self.chat,
-                                   system=self.system)
-      out.append(np.asarray(self._score(self.params, jnp.asarray(e.tokens),
-                                        jnp.asarray(e.mask)))[:rows])
-    return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
-
-  def __call__(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
-               ) -> np.ndarray:
+  def __call__(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]],
+               template: str | None = None) -> np.ndarray:
+    """Rewards of completions to the prompts `template` (default: the run's) makes."""
     from jaxrl_agents.rollout import single_turn
 
-    return self.score(single_turn.format_prompts(examples, self.template), completions)
+    return self.score(single_turn.format_prompts(examples, template or self.template),
+                      completions)
 
   def __reduce__(self):
     raise TypeError("a learned reward holds device arrays and runs in the trainer's process")
 
 
 @functools.lru_cache(maxsize=4)
-def load(workdir: str, batch_size: int = 32) -> LearnedReward:
-  """The reward model of `workdir`, loaded once per process."""
-  return LearnedReward(os.path.abspath(workdir), batch_size)
+def load(workdir: str, batch_size: int = 32, step: int = 0) -> LearnedReward:
+  """The reward model of `workdir` (checkpoint `step`, 0: the newest), loaded once per
+  process."""
+  return LearnedReward(os.path.abspath(workdir), batch_size, step)
 
 
 @registry.register("reward", "reward_model")
 def reward_model_reward(completions: Sequence[str],
                         examples: Sequence[Mapping[str, Any]] | None = None, *,
-                        workdir: str = "", batch_size: int = 32) -> np.ndarray:
+                        workdir: str = "", prompt_template: str = "", step: int = 0,
+                        batch_size: int = 32) -> np.ndarray:
   """A trained outcome reward model's score of each completion (unbounded, any sign).
 
   Args:
     completions: B decoded replies.
     examples: B task examples, with the fields the reward model's prompt template names.
     workdir: the reward-model run (experiments/reward_model.py) to score with.
+    prompt_template: makes each prompt from its example (default: the run's own).
+    step: the run's checkpoint to load (0: the newest at the first call).
     batch_size: completions per forward pass.
   """
   check_batch("reward_model", completions, examples)
   if examples is None:
     raise ValueError("reward_model scores a reply with its prompt: it needs the examples")
-  return as_rewards(load(workdir, batch_size)(completions, examples))
+  return as_rewards(load(workdir, batch_size, step)(completions, examples,
+                                                    prompt_template or None))

@@ -168,10 +168,12 @@ def reply_logprobs(params, tokens: jax.Array, mask: jax.Array, reply: jax.Array,
 
   For sequences outside a Trajectory (preference pairs, SFT rows:
   `data.preferences.encode_texts`): tokens int[B, W] in any padding the mask
-  describes, reply bool[B, W] the tokens whose probability counts.
+  describes, reply bool[B, W] the tokens whose probability counts (a reply token with
+  no real token before it has nothing to be predicted from and counts 0).
   """
   logits, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
                                 segment_ids=mask.astype(jnp.int32),
                                 num_positions=tokens.shape[1])
-  logp, _ = token_logprobs(logits[:, :-1], tokens[:, 1:], reply[:, 1:])
+  # A reply token counts only when a real token precedes it (its prediction's input).
+  logp, _ = token_logprobs(logits[:, :-1], tokens[:, 1:], reply[:, 1:] & mask[:, :-1])
   return jnp.pad(logp, ((0, 0), (1, 0)))
