@@ -4,17 +4,20 @@ r"""Train an outcome reward model with the Bradley-Terry loss on preference pair
       --config=experiments/configs/reward_model_arithmetic.py:tiny --workdir=/tmp/rm_tiny
 
 The reward model is the policy model's backbone plus a scalar head
-(`jaxrl_agents.models.reward_model`), read at the reply's end-of-turn token.
+(`jaxrl_agents.models.reward_model`), read at the reply's closing token (or
+averaged over the reply: `reward_model.pooling = "mean"`).
 Each step takes `pairs_per_step` pairs and minimizes
 -log sigmoid(r(x, chosen) - r(x, rejected) - margin).
 
 Pairs come from JSONL (`pairs_jsonl`: {"prompt", "chosen", "rejected"} per
-line; a bad row names its line) or are generated from a task with a verifier
-: the model samples `generation.group_size` replies per
-question and a reply the grader accepts is preferred to one it rejects
-(`experiments.preference_data`, which DPO shares).
+line; a bad row names its line) or are generated from a task with a verifier:
+the model samples `generation.group_size` replies per question and a reply the
+grader accepts is preferred to one it rejects (`experiments.preference_data`,
+which DPO shares). The head learns at `reward_model.head_learning_rate`, the
+backbone above `frozen_layers` at the optimizer's rate.
 
-Evaluation: on held-out pairs, the pair accuracy (r(chosen) > r(rejected)),
+Evaluation: on held-out pairs, the pair accuracy (r(chosen) > r(rejected); a
+tie counts half, while the training batches' "accuracy" counts it wrong),
 the mean reward margin, and the expected calibration error of
 P(chosen preferred) = sigmoid(margin) (`reward_model.pair_calibration`); with
 generated pairs, also the accuracy of the reward model's best-of-N pick and of

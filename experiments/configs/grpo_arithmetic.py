@@ -16,6 +16,9 @@ step after the first, which compiles, depending on the machine). Details in the
 README's "Main job" section.
 
 Variants (`--config=...grpo_arithmetic.py:VARIANT`):
+  reward_model   the reward is a trained reward model alone (no verifier): the run of
+         `experiments/reward_model.py` in --config.rewards.reward_model.workdir
+         (default runs/rm_arithmetic), its checkpoint `step` (0: the newest).
   tiny   the tiny random model, 3 prompts x 4 rollouts, 16 new tokens: a smoke
          test of every artifact in about 20 s. Its reward varies (`tiny_reward`),
          so the smoke tests run a real update.
@@ -135,8 +138,13 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   if variant == "tiny":
     return _tiny(c)
+  if variant == "reward_model":
+    # A trained reward model is the only reward; the grader still measures accuracy.
+    c.rewards = ml_collections.ConfigDict(
+        {"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic", "step": 0}})
+    return c
   if variant:
-    raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")
+    raise ValueError(f"unknown variant {variant!r}; expected 'tiny', 'reward_model' or none")
   return c
 
 
