@@ -80,12 +80,12 @@ def _generation_settings(config) -> dict:
           "seed": config.seed, **config.generation.to_dict()}
 
 
-def _sample_groups(model: zoo.Model, examples, *, config, temperature: float, group_size: int,
+def sample_replies(model: zoo.Model, examples, *, config, temperature: float, group_size: int,
                    seed: int, desc: str, progress: bool = True, params=None,
                    template: str | None = None) -> tuple[list[str], list[str], np.ndarray]:
   """(formatted prompts per row, replies per row, the grader's verdicts f32[rows]): each
-  example's `group_size` replies, in batches of generation.batch_prompts questions, from
-  `params` (default: the model's own)."""
+  example's `group_size` replies (generation.max_new_tokens at most), in batches of
+  generation.batch_prompts questions, from `params` (default: the model's own)."""
   from tqdm import tqdm
 
   g = config.generation
@@ -122,19 +122,19 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   train = [train_source[i] for i in range(min(g.train_prompts, len(train_source)))]
   held = [held_source[i] for i in range(min(g.eval_prompts, len(held_source)))]
   n = g.group_size
-  prompts, replies, ok = _sample_groups(model, train, config=config, temperature=g.temperature,
+  prompts, replies, ok = sample_replies(model, train, config=config, temperature=g.temperature,
                                         group_size=n, seed=config.seed, desc="train replies",
                                         progress=progress)
   train_pairs = preferences.pairs_from_groups(
       prompts, replies, ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt, seed=config.seed,
       extra=[{"answer": str(ex["answer"])} for ex in train])
-  h_prompts, h_replies, h_ok = _sample_groups(
+  h_prompts, h_replies, h_ok = sample_replies(
       model, held, config=config, temperature=g.temperature, group_size=n,
       seed=config.seed + 10**6, desc="held-out replies", progress=progress)
   eval_pairs = preferences.pairs_from_groups(
       h_prompts, h_replies, h_ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt,
       seed=config.seed + 1, extra=[{"answer": str(ex["answer"])} for ex in held])
-  _, greedy, greedy_ok = _sample_groups(model, held, config=config, temperature=0.0,
+  _, greedy, greedy_ok = sample_replies(model, held, config=config, temperature=0.0,
                                         group_size=1, seed=0, desc="greedy replies",
                                         progress=progress)
   if not train_pairs or not eval_pairs:
@@ -194,7 +194,7 @@ def greedy_accuracy(params, model: zoo.Model, candidates, config, progress: bool
                     ) -> float:
   """The grader's accuracy on the greedy replies of `params` to the held-out questions."""
   examples = [{"prompt": c["prompt"], "answer": c["answer"]} for c in candidates]
-  _, _, ok = _sample_groups(model, examples, config=config, temperature=0.0, group_size=1,
+  _, _, ok = sample_replies(model, examples, config=config, temperature=0.0, group_size=1,
                             seed=0, desc="greedy replies", progress=progress, params=params,
                             template="{prompt}")
   return float(ok.mean())

@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from experiments import common, preference_data
 from jaxrl_agents import best_of_n, harness, losses
@@ -114,28 +113,6 @@ def pair_batch(tok, pairs: Sequence[Mapping[str, Any]], s: RMSettings) -> tuple[
 # Evaluation.
 
 
-def selection_metrics(rewards: np.ndarray, candidates: Sequence[Mapping[str, Any]], *,
-                      read_answer=None, vote_temperature: float = 1.0) -> dict[str, float]:
-  """Accuracy of the reward's best-of-N pick, beside the greedy reply's, a random sample's and
-  pass@N; with `read_answer` (reply -> its final answer or None), also the reward-weighted
-  and the plain majority vote's."""
-  correct = np.asarray([c["correct"] for c in candidates], np.float32)
-  n = correct.shape[1]
-  rows = np.arange(len(candidates))
-  out = {f"best_of_{n}_accuracy": float(correct[rows, best_of_n.best_of_n(rewards)].mean()),
-         "greedy_accuracy": float(np.mean([c["greedy_correct"] for c in candidates])),
-         "sample_accuracy": float(correct.mean()),
-         f"pass_at_{n}": float(correct.max(axis=1).mean()),
-         "num_questions": len(candidates)}
-  if read_answer is not None:
-    parsed = [[read_answer(reply) for reply in c["replies"]] for c in candidates]
-    votes = best_of_n.weighted_vote(rewards, parsed, temperature=vote_temperature)
-    majority = best_of_n.weighted_vote(np.zeros_like(rewards), parsed)
-    out[f"weighted_vote_{n}_accuracy"] = float(correct[rows, votes].mean())
-    out[f"majority_vote_{n}_accuracy"] = float(correct[rows, majority].mean())
-  return out
-
-
 # ----------------------------------------------------------------------------
 # The trainer.
 
@@ -202,8 +179,14 @@ class RewardModelTrainer:
       flat_replies = [reply for c in self.candidates for reply in c["replies"]]
       n = len(self.candidates[0]["replies"])
       rewards = score(flat_prompts, flat_replies).reshape(-1, n)
-      record.update(selection_metrics(rewards, self.candidates, read_answer=self.read_answer,
-                                      vote_temperature=self.config.vote_temperature))
+      answers = None
+      if self.read_answer is not None:
+        answers = [[self.read_answer(reply) for reply in c["replies"]]
+                   for c in self.candidates]
+      record.update(best_of_n.selection_accuracy(
+          rewards, [c["correct"] for c in self.candidates],
+          greedy_correct=[c["greedy_correct"] for c in self.candidates], answers=answers,
+          vote_temperature=self.config.vote_temperature))
     return record, samples
 
   def nonfinite_count(self, state: RMState) -> tuple[int, int]:

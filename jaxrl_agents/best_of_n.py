@@ -13,7 +13,8 @@ candidate per prompt:
                    With equal rewards this is plain majority voting
                    (self-consistency).
 
-With N = 1 both return candidate 0, i.e. plain sampling.
+With N = 1 both return candidate 0, i.e. plain sampling. `selection_accuracy`
+scores both, and the plain majority vote, against the grader's verdicts.
 """
 
 from __future__ import annotations
@@ -59,3 +60,40 @@ def weighted_vote(rewards, answers: Sequence[Sequence[Hashable | None]],
     members = [n for n, answer in enumerate(answers[p]) if answer == winner]
     chosen[p] = members[int(np.argmax(row[members]))]
   return chosen
+
+
+def selection_accuracy(rewards, correct, *, greedy_correct=None,
+                       answers: Sequence[Sequence[Hashable | None]] | None = None,
+                       vote_temperature: float = 1.0) -> dict[str, float]:
+  """How often each way of choosing among N replies picks a right one.
+
+  Args:
+    rewards: f32[P, N] the choosing reward of each reply.
+    correct: {0, 1}[P, N] the grader's verdict on each reply.
+    greedy_correct: optional {0, 1}[P], the verdict on each question's greedy reply.
+    answers: optional [P][N] final answers (None: states none), for the votes.
+    vote_temperature: the reward-weighted vote's softmax temperature.
+
+  Returns:
+    best_of_N_accuracy, sample_accuracy (a random reply), pass_at_N (an oracle's
+    pick), num_questions; greedy_accuracy with `greedy_correct`; with `answers`,
+    weighted_vote_N_accuracy and majority_vote_N_accuracy (equal weights).
+  """
+  correct = np.asarray(correct, np.float32)
+  rewards = _check_rewards(rewards)
+  if correct.shape != rewards.shape:
+    raise ValueError(f"correct {correct.shape} does not match rewards {rewards.shape}")
+  p, n = correct.shape
+  rows = np.arange(p)
+  out = {f"best_of_{n}_accuracy": float(correct[rows, best_of_n(rewards)].mean()),
+         "sample_accuracy": float(correct.mean()),
+         f"pass_at_{n}": float(correct.max(axis=1).mean()),
+         "num_questions": p}
+  if greedy_correct is not None:
+    out["greedy_accuracy"] = float(np.mean(greedy_correct))
+  if answers is not None:
+    votes = weighted_vote(rewards, answers, temperature=vote_temperature)
+    majority = weighted_vote(np.zeros_like(rewards), answers)
+    out[f"weighted_vote_{n}_accuracy"] = float(correct[rows, votes].mean())
+    out[f"majority_vote_{n}_accuracy"] = float(correct[rows, majority].mean())
+  return out

@@ -324,3 +324,21 @@ def test_a_trained_reward_model_is_grpos_reward(tmp_path):
   grpo_config.rewards = {"reward_model": {"workdir": str(tmp_path / "nowhere")}}
   with pytest.raises(FileNotFoundError, match="not the workdir of a reward-model run"):
     grpo.train(grpo_config, str(tmp_path / "grpo2"), progress=False)
+
+
+def test_best_of_n_evaluation_with_the_grader_as_reward_picks_a_right_reply_when_any(tmp_path):
+  """Choosing with the grader itself, best-of-N equals pass@N; the files name every pick."""
+  from experiments import best_of_n as bon_experiment
+  from experiments.configs import best_of_n_arithmetic
+
+  config = best_of_n_arithmetic.get_config("tiny")
+  result = bon_experiment.evaluate(config, str(tmp_path), progress=False)
+  assert result["num_questions"] == 8
+  assert result["best_of_4_accuracy"] == result["pass_at_4"]
+  assert result["sample_accuracy"] <= result["pass_at_4"]
+  rows = metrics_lib.read_jsonl(tmp_path / "samples.jsonl")
+  assert len(rows) == 8 and all(len(r["replies"]) == 4 for r in rows)
+  for r in rows:  # the pick is a right reply whenever the question has one
+    assert r["correct"][r["best_of_n"]] == max(r["correct"])
+  with open(tmp_path / "best_of_n.json") as f:
+    assert json.load(f)["pass_at_4"] == result["pass_at_4"]
