@@ -15,7 +15,7 @@ Variants (`--config=...rejection_sampling_arithmetic.py:VARIANT`):
 
 import ml_collections
 
-from experiments.configs import grpo_arithmetic
+from experiments.configs import grpo_arithmetic, trainer_common
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -51,27 +51,14 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.top_p = 1.0
   c.top_k = 0
   c.steps_per_round = 8
-  c.steps = 40
 
   c.max_len = 128
   c.aggregation = "token-mean"
   c.batch_size = 8
-  c.minibatches = 1
-  c.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=1e-5, warmup_updates=0, decay="constant", end_fraction=0.0, clock="updates",
-      weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
-  c.max_consecutive_nonfinite = 5
-  c.time_budget_s = 0.0
-  c.eval_every_s = 0.0
-
-  c.eval_every = 8  # every round
+  trainer_common.add_schedule(c, steps=40, learning_rate=1e-5, warmup_updates=0,
+                              decay="constant", eval_every=8)  # evaluated every round
+  c.sample_every = 1  # only a round's first step has samples: its kept replies
   c.eval_batch_size = 32
-  c.checkpoint_every = 8
-  c.keep_checkpoints = 2
-  c.sample_every = 8
-  c.samples_per_log = 8
-  c.tensorboard = True
-  c.start_over = False
 
   if variant == "tiny":
     c.model = "tiny"
@@ -81,15 +68,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.keep_unfinished = True  # the random model rarely samples its stop token
     c.max_new_tokens = 16
     c.steps_per_round = 2
-    c.steps = 4
     c.batch_size = 4
     c.max_len = 96
     c.eval_size = 8
     c.eval_batch_size = 8
-    c.eval_every = 2
-    c.checkpoint_every = 1
-    c.sample_every = 1
-    c.optimizer.learning_rate = 1e-3
+    trainer_common.tiny_schedule(c)
     return grpo_arithmetic.tiny_reward(c)
   if variant:
     raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")

@@ -16,7 +16,7 @@ Variants (`--config=...reward_model_arithmetic.py:VARIANT`):
 
 import ml_collections
 
-from experiments.configs import preference_common
+from experiments.configs import trainer_common
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -25,7 +25,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
 
-  preference_common.add_pair_data(c)
+  trainer_common.add_pair_data(c)
 
   # The reward model: the policy model's backbone and a scalar head, read at the
   # reply's end-of-turn token ("last") or averaged over the sequence ("mean").
@@ -36,26 +36,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       pooling="last", frozen_layers=20, max_len=128, head_scale=0.0, head_learning_rate=1e-3))
   c.margin = 0.0  # Bradley-Terry margin (Llama 2's); 0 is the plain loss
 
-  c.steps = 150
   c.pairs_per_step = 16
-  c.minibatches = 1
-  c.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=1e-5, warmup_updates=10, decay="cosine", end_fraction=0.1, clock="updates",
-      weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
-  c.max_consecutive_nonfinite = 5
-  c.time_budget_s = 0.0
-  c.eval_every_s = 0.0
+  trainer_common.add_schedule(c, steps=150, learning_rate=1e-5, eval_every=50)
 
   # Best-of-N on the held-out questions at each evaluation (generated pairs only).
   c.vote_temperature = 1.0  # softmax temperature of the reward-weighted vote
-
-  c.eval_every = 50
-  c.checkpoint_every = 50
-  c.keep_checkpoints = 2
-  c.sample_every = 25
-  c.samples_per_log = 8
-  c.tensorboard = True
-  c.start_over = False
 
   if variant == "tiny":
     return _tiny(c)
@@ -66,15 +51,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
 def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The tiny random model, a few small steps, every artifact."""
-  preference_common.tiny_pair_data(c)
+  trainer_common.tiny_pair_data(c)
   c.reward_model.frozen_layers = 1
   c.reward_model.max_len = 96
-  c.steps = 4
   c.pairs_per_step = 4
-  c.optimizer.learning_rate = 1e-3
-  c.optimizer.warmup_updates = 0
-  c.optimizer.decay = "constant"  # the resume test stops at step 2 of a 4-step run
-  c.eval_every = 2
-  c.checkpoint_every = 1
-  c.sample_every = 1
+  trainer_common.tiny_schedule(c)
   return c

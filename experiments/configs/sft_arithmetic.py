@@ -14,7 +14,7 @@ Variants (`--config=...sft_arithmetic.py:VARIANT`):
 
 import ml_collections
 
-from experiments.configs import grpo_arithmetic
+from experiments.configs import grpo_arithmetic, trainer_common
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -41,23 +41,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   c.max_len = 128
   c.aggregation = "token-mean"
-  c.steps = 100
   c.batch_size = 16
-  c.minibatches = 1
-  c.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=1e-5, warmup_updates=10, decay="cosine", end_fraction=0.1, clock="updates",
-      weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
-  c.max_consecutive_nonfinite = 5
-  c.time_budget_s = 0.0
-  c.eval_every_s = 0.0
-
-  c.eval_every = 50
-  c.checkpoint_every = 50
-  c.keep_checkpoints = 2
-  c.sample_every = 25
-  c.samples_per_log = 8
-  c.tensorboard = True
-  c.start_over = False
+  trainer_common.add_schedule(c, steps=100, learning_rate=1e-5, eval_every=50)
 
   if variant == "tiny":
     c.model = "tiny"
@@ -65,12 +50,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.eval_size = 8
     c.eval_batch_size = 8
     c.max_len = 96
-    c.steps = 4
     c.batch_size = 4
-    c.optimizer.update(dict(learning_rate=1e-3, warmup_updates=0, decay="constant"))
-    c.eval_every = 2
-    c.checkpoint_every = 1
-    c.sample_every = 1
+    trainer_common.tiny_schedule(c)
     return grpo_arithmetic.tiny_reward(c)
   if variant:
     raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")

@@ -1,6 +1,9 @@
-"""Config keys the preference trainers share: where their pairs come from.
+"""Config keys the offline trainers share (reward model, DPO, SFT, rejection sampling).
 
-`add_pair_data(c)` sets them; see `experiments/preference_data.py`.
+  add_schedule(c, ...)   the optimizer, the run length and the harness's schedule
+  tiny_schedule(c)       the same for the `:tiny` smoke variants
+  add_pair_data(c)       where preference pairs come from (`experiments/preference_data.py`)
+  tiny_pair_data(c)      the same for the tiny random model
 """
 
 import ml_collections
@@ -42,3 +45,36 @@ def tiny_pair_data(c: ml_collections.ConfigDict) -> None:
                            max_new_tokens=8, max_pairs_per_prompt=2, batch_prompts=8))
   c.eval_size = 16
   c.score_batch_size = 8
+
+
+def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: float,
+                 warmup_updates: int = 10, decay: str = "cosine", eval_every: int = 50) -> None:
+  """AdamW with clipping (`jaxrl_agents.optim`), `steps` steps, and the harness's keys."""
+  c.steps = steps
+  c.minibatches = 1
+  c.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=learning_rate, warmup_updates=warmup_updates, decay=decay,
+      end_fraction=0.1 if decay != "constant" else 0.0, clock="updates", weight_decay=0.0,
+      b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
+  c.max_consecutive_nonfinite = 5
+  c.time_budget_s = 0.0
+  c.eval_every_s = 0.0
+  c.eval_every = eval_every
+  c.checkpoint_every = eval_every
+  c.keep_checkpoints = 2
+  c.sample_every = max(1, eval_every // 2)
+  c.samples_per_log = 8
+  c.tensorboard = True
+  c.start_over = False
+
+
+def tiny_schedule(c: ml_collections.ConfigDict, steps: int = 4, eval_every: int = 2) -> None:
+  """A few steps at a high constant rate, evaluated, checkpointed and sampled often. The
+  rate is constant so a resume test may stop at any step (a decaying schedule depends on
+  `steps`, which a resume refuses to change)."""
+  c.steps = steps
+  c.optimizer.update(dict(learning_rate=1e-3, warmup_updates=0, decay="constant",
+                          end_fraction=0.0))
+  c.eval_every = eval_every
+  c.checkpoint_every = 1
+  c.sample_every = 1
