@@ -43,7 +43,7 @@ ANSWER_READERS = {"math_strict": answers.strict_answer, "math_lenient": answers.
 
 
 def validate(config) -> None:
-  """Checks the pair-data keys (`experiments/configs/preference_common.py`) and the batch."""
+  """Checks the pair-data keys (`experiments/configs/trainer_common.py`) and the batch."""
   if config.minibatches < 1:
     raise ValueError(f"minibatches must be >= 1, got {config.minibatches}")
   if config.pairs_per_step < 1 or config.pairs_per_step % config.minibatches:
