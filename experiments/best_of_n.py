@@ -70,7 +70,7 @@ def evaluate(config, workdir: str, progress: bool = True) -> dict:
   result = best_of_n.selection_accuracy(rewards, ok.reshape(-1, n), greedy_correct=greedy_ok,
                                         answers=answers,
                                         vote_temperature=config.vote_temperature)
-  result.update(policy=config.policy_workdir or config.model, rewards=str(dict(config.rewards)))
+  result.update(policy=config.policy_workdir or config.model, rewards=config.rewards.to_dict())
   if config.policy_workdir:
     result["policy_step"] = step
   os.makedirs(workdir, exist_ok=True)

@@ -319,7 +319,8 @@ class _Run:
     self.writer.write_samples(self.step, samples[:self.config.samples_per_log], kind="eval")
     log.info("eval at step %d: %s (%.1fs)", self.step,
              ", ".join(f"{k} {v:.3f}" for k, v in result.items()
-                       if k in ("accuracy", "reward_mean", "loss")), result["eval_time_s"])
+                       if k in ("accuracy", "reward_mean", "loss", "pair_accuracy",
+                                "greedy_accuracy", "held_out_nll")), result["eval_time_s"])
     self.last_eval, self.last_eval_step = result, self.step
 
   def save(self) -> bool:
