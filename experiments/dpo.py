@@ -224,8 +224,8 @@ class PreferenceTrainer:
                 "implicit_margin": float(m)} for p, m in zip(held, margins, strict=True)]
     return record, samples
 
-  def nonfinite_count(self, state: DPOState) -> tuple[int, int]:
-    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+  def nonfinite_count(self, state) -> tuple[int, int]:
+    return optim_lib.nonfinite_count(state)
 
 
 def validate(config) -> None:
@@ -242,9 +242,6 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   model = common.load_model(config)
   train_pairs, held_pairs, candidates = preference_data.load_data(config, model, workdir,
                                                                   progress)
-  if len(train_pairs) < config.pairs_per_step:
-    raise ValueError(f"{len(train_pairs)} training pairs, fewer than pairs_per_step "
-                     f"({config.pairs_per_step})")
   trainer = PreferenceTrainer(config, model, train_pairs, held_pairs, candidates)
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step,

@@ -398,8 +398,8 @@ class GRPO:
   def policy_params(self, state):
     return state.params
 
-  def nonfinite_count(self, state):
-    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+  def nonfinite_count(self, state) -> tuple[int, int]:
+    return optim_lib.nonfinite_count(state)
 
   def prepare(self, state, r: rl_loop.Rollout, rng) -> GRPOBatch:
     del rng

@@ -208,8 +208,8 @@ class PPO:
   def policy_params(self, state):
     return state.params["policy"]
 
-  def nonfinite_count(self, state):
-    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+  def nonfinite_count(self, state) -> tuple[int, int]:
+    return optim_lib.nonfinite_count(state)
 
   def prepare(self, state, r: rl_loop.Rollout, rng) -> PPOBatch:
     del rng

@@ -160,7 +160,16 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
 
 def load_data(config, model: zoo.Model, workdir: str, progress: bool = True
               ) -> tuple[list[dict], list[dict], list[dict] | None]:
-  """(training pairs, held-out pairs, best-of-N candidates or None)."""
+  """(training pairs, held-out pairs, best-of-N candidates or None); at least
+  `pairs_per_step` training pairs."""
+  train, held, candidates = _load_data(config, model, workdir, progress)
+  if len(train) < config.pairs_per_step:
+    raise ValueError(f"{len(train)} training pairs, fewer than pairs_per_step "
+                     f"({config.pairs_per_step})")
+  return train, held, candidates
+
+
+def _load_data(config, model: zoo.Model, workdir: str, progress: bool):
   if config.pairs_jsonl:
     train = preferences.load_pairs(config.pairs_jsonl)
     if config.eval_pairs_jsonl:

@@ -27,6 +27,7 @@ import numpy as np
 from experiments import common, sft
 from jaxrl_agents import data as data_lib
 from jaxrl_agents import harness, losses, registry, rl_loop
+from jaxrl_agents import optim as optim_lib
 
 
 class RSState(NamedTuple):
@@ -121,7 +122,7 @@ class RejectionSampling:
                                  (self.reward_fn, self.grader))
 
   def nonfinite_count(self, state) -> tuple[int, int]:
-    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+    return optim_lib.nonfinite_count(state)
 
 
 def validate(config) -> None:

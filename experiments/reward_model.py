@@ -110,10 +110,6 @@ def pair_batch(tok, pairs: Sequence[Mapping[str, Any]], s: RMSettings) -> tuple[
 
 
 # ----------------------------------------------------------------------------
-# Evaluation.
-
-
-# ----------------------------------------------------------------------------
 # The trainer.
 
 
@@ -129,7 +125,7 @@ class RewardModelTrainer:
   def __init__(self, config, model: zoo.Model, train_pairs, held_pairs, candidates):
     self.config, self.model = config, model
     self.s = s = settings_from_config(config, model.cfg)
-    self.train_pairs, self.held_pairs, self.candidates = train_pairs, held_pairs, candidates
+    self.held_pairs, self.candidates = held_pairs, candidates
     # The fresh head learns at its own rate: from zero, the backbone's rate would take
     # hundreds of steps to give the rewards any scale.
     self.optimizer = optim_lib.make_optimizer(
@@ -189,8 +185,8 @@ class RewardModelTrainer:
           vote_temperature=self.config.vote_temperature))
     return record, samples
 
-  def nonfinite_count(self, state: RMState) -> tuple[int, int]:
-    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+  def nonfinite_count(self, state) -> tuple[int, int]:
+    return optim_lib.nonfinite_count(state)
 
 
 def validate(config) -> None:
@@ -210,9 +206,6 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   settings_from_config(config, model.cfg)  # before the pairs are generated
   train_pairs, held_pairs, candidates = preference_data.load_data(config, model, workdir,
                                                                   progress)
-  if len(train_pairs) < config.pairs_per_step:
-    raise ValueError(f"{len(train_pairs)} training pairs, fewer than pairs_per_step "
-                     f"({config.pairs_per_step})")
   trainer = RewardModelTrainer(config, model, train_pairs, held_pairs, candidates)
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step,

@@ -150,7 +150,7 @@ class SFTTrainer:
     return record, samples
 
   def nonfinite_count(self, state) -> tuple[int, int]:
-    return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+    return optim_lib.nonfinite_count(state)
 
 
 def load_rows(path: str) -> list[dict]:

@@ -206,6 +206,12 @@ def update_state(optimizer: Optimizer, loss_fn, state, batch, rng: jax.Array,
                         updates=state.updates + n - skipped), metrics
 
 
+def nonfinite_count(state) -> tuple[int, int]:
+  """(consecutive, total) non-finite updates skipped so far, read from a train state whose
+  `opt_state` comes from `make_optimizer` (the harness's `nonfinite_count` callback)."""
+  return int(state.opt_state.notfinite_count), int(state.opt_state.total_notfinite)
+
+
 def reduce_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """One value per metric over the updates of a step: max for `*_max`, else the mean.
 
