@@ -4,6 +4,10 @@ Generated pairs come from a task with a verifier: the model samples
 `generation.group_size` replies per question at `generation.temperature`, and
 a reply the grader (`config.grader`, a registered reward with
 `config.grader_kwargs`; 1 accepts) accepts is preferred to one it rejects.
+With `generation.answer_swaps` > 0, up to that many pairs per question also
+prefer an accepted reply to the same reply with a wrong answer swapped in
+(`preferences.answer_swap_pairs`; they carry "source": "answer_swap"), so the
+answer, not only the form, separates chosen from rejected.
 `generate_pairs` writes to `pairs_dir` (default <workdir>/pairs), once: a
 directory that holds pairs made with other settings is refused, never
 overwritten (a run may be training on them):
@@ -65,6 +69,8 @@ def validate(config) -> None:
               "max_new_tokens"):
     if g[key] < 1:
       raise ValueError(f"generation.{key} must be >= 1, got {g[key]}")
+  if g.answer_swaps < 0:
+    raise ValueError(f"generation.answer_swaps must be >= 0, got {g.answer_swaps}")
 
 
 def grader(config):
@@ -128,12 +134,14 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   train_pairs = preferences.pairs_from_groups(
       prompts, replies, ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt, seed=config.seed,
       extra=[{"answer": str(ex["answer"])} for ex in train])
+  train_pairs += _answer_swaps(config, prompts, replies, ok, train, seed=config.seed)
   h_prompts, h_replies, h_ok = sample_replies(
       model, held, config=config, temperature=g.temperature, group_size=n,
       seed=config.seed + 10**6, desc="held-out replies", progress=progress)
   eval_pairs = preferences.pairs_from_groups(
       h_prompts, h_replies, h_ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt,
       seed=config.seed + 1, extra=[{"answer": str(ex["answer"])} for ex in held])
+  eval_pairs += _answer_swaps(config, h_prompts, h_replies, h_ok, held, seed=config.seed + 1)
   _, greedy, greedy_ok = sample_replies(model, held, config=config, temperature=0.0,
                                         group_size=1, seed=0, desc="greedy replies",
                                         progress=progress)
@@ -156,6 +164,16 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   log.info("generated %d training and %d held-out pairs in %s (reply accuracy %.3f train, "
            "%.3f held out; greedy %.3f)", len(train_pairs), len(eval_pairs), directory,
            ok.mean(), h_ok.mean(), greedy_ok.mean())
+
+
+def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[dict]:
+  if not config.generation.answer_swaps:
+    return []
+  return preferences.answer_swap_pairs(
+      prompts, replies, ok, examples, config.generation.group_size,
+      per_prompt=config.generation.answer_swaps, seed=seed,
+      read_answer=ANSWER_READERS.get(config.grader, answers.lenient_answer),
+      grade=grader(config))
 
 
 def load_data(config, model: zoo.Model, workdir: str, progress: bool = True

@@ -109,6 +109,19 @@ def pair_batch(tok, pairs: Sequence[Mapping[str, Any]], s: RMSettings) -> tuple[
   return batch, int(c.truncated.sum() + r.truncated.sum())
 
 
+def accuracy_by_source(pairs: Sequence[Mapping[str, Any]], margins) -> dict[str, float]:
+  """Pair accuracy of each kind of pair ("pair_accuracy/<source>"; a pair without a
+  "source" is "sampled"), when the pairs are of more than one kind."""
+  sources = [p.get("source", "sampled") for p in pairs]
+  if len(set(sources)) < 2:
+    return {}
+  out = {}
+  for source in sorted(set(sources)):
+    m = jnp.asarray([x for x, s in zip(margins, sources, strict=True) if s == source])
+    out[f"pair_accuracy/{source}"] = float(jnp.mean((m > 0) + 0.5 * (m == 0)))
+  return out
+
+
 # ----------------------------------------------------------------------------
 # The trainer.
 
@@ -167,6 +180,7 @@ class RewardModelTrainer:
     rejected = score(prompts, [p["rejected"] for p in held])
     record = rm_lib.pair_calibration(chosen - rejected)
     record["num_pairs"] = len(held)
+    record.update(accuracy_by_source(held, chosen - rejected))
     samples = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"],
                 "chosen_reward": float(c), "rejected_reward": float(r)}
                for p, c, r in zip(held, chosen, rejected, strict=True)]

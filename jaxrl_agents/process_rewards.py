@@ -14,6 +14,10 @@ steps (its first n_b columns); rewards and values are f32[B, K].
                    k.. is r_k, so the total is the first step's reward however
                    many steps follow.
 
+  aggregate        one reward per reply from its step rewards: "min" (a reply is as
+                   good as its worst step), "last", or "clip" (the sum of
+                   clip_rewards), for rewards that score whole replies (GRPO's).
+
 Both transforms are from "On Designing Effective RL Reward at Training Time for
 LLM Reasoning" (Gao et al.), which found that summing raw process rewards
 teaches a policy to pad its reasoning with steps a process reward model likes.
@@ -58,3 +62,26 @@ def delta_rewards(step_rewards: jax.Array, step_mask: jax.Array) -> jax.Array:
   r = jnp.where(step_mask, step_rewards, 0.0)
   following = jnp.pad(r[:, 1:], ((0, 0), (0, 1)))
   return jnp.where(step_mask, r - following, 0.0)
+
+
+AGGREGATIONS = ("min", "last", "clip")
+
+
+def aggregate(step_rewards: jax.Array, step_mask: jax.Array, how: str = "min",
+              threshold: float = 0.5) -> jax.Array:
+  """f32[B]: one reward per reply from its real steps (every row needs one): "min", "last"
+  (its last real step's), or "clip" (the sum of `clip_rewards` at `threshold`).
+
+  Delta is not offered here: summed over a reply it is the first step's reward
+  alone; it serves per-step credit, not a reply-level reward.
+  """
+  _check("step_rewards", step_rewards, step_mask)
+  if how not in AGGREGATIONS:
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {how!r}")
+  if how == "min":
+    return jnp.where(step_mask, step_rewards, jnp.inf).min(axis=1)
+  if how == "last":
+    k = step_mask.shape[1]
+    last = k - 1 - jnp.argmax(step_mask[:, ::-1], axis=1)
+    return jnp.take_along_axis(step_rewards, last[:, None], axis=1)[:, 0]
+  return clip_rewards(step_rewards, step_mask, threshold).sum(axis=1)

@@ -68,3 +68,18 @@ def test_repeating_a_step_never_raises_the_total(transform):
   assert np.all(after <= before + 1e-6)
   raw_gain = [sum(b) - sum(a) for a, b in zip(originals, repeated, strict=True)]
   assert max(raw_gain) > 0  # the raw sum does reward the repetition
+
+
+def test_aggregate_by_hand():
+  r = jnp.asarray([[0.9, 0.2, 0.7], [0.6, 0.8, 0.0]])
+  mask = jnp.asarray([[True, True, True], [True, True, False]])
+  np.testing.assert_allclose(pr.aggregate(r, mask, "min"), [0.2, 0.6])
+  np.testing.assert_allclose(pr.aggregate(r, mask, "last"), [0.7, 0.8])
+  np.testing.assert_allclose(pr.aggregate(r, mask, "clip", threshold=0.5), [-0.3, 0.0],
+                             atol=1e-7)
+  # A repeated good step never raises the clip or min total.
+  more = jnp.asarray([[0.9, 0.2, 0.7, 0.7]])
+  assert pr.aggregate(more, jnp.ones((1, 4), bool), "clip") <= pr.aggregate(r[:1], mask[:1],
+                                                                             "clip")
+  with pytest.raises(ValueError, match="aggregation"):
+    pr.aggregate(r, mask, "sum")

@@ -49,7 +49,7 @@ def test_outcome_reward_is_the_head_at_the_last_real_token_whatever_the_padding(
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_mean_pooling_and_step_rewards_by_hand(tiny):
+def test_mean_pooling_and_step_scores_by_hand(tiny):
   params = _params(tiny)
   tokens = jnp.asarray([[0, 0, 5, 10, 6, 10], [4, 10, 4, 4, 10, 7]])
   mask = jnp.asarray([[False, False, True, True, True, True], [True] * 6])
@@ -63,10 +63,11 @@ def test_mean_pooling_and_step_rewards_by_hand(tiny):
                                       reply=reply)
   np.testing.assert_allclose(np.asarray(reply_mean), [scores[0, 4:].mean(), scores[1, 3:].mean()],
                              rtol=1e-5)
-  ends = rm_lib.step_end_mask(tokens, [10])
-  steps = np.asarray(rm_lib.step_rewards(params, tokens, mask, ends, cfg=tiny.cfg))
-  np.testing.assert_array_equal(steps != 0, np.asarray(tokens) == 10)
-  np.testing.assert_allclose(steps[np.asarray(tokens) == 10], scores[np.asarray(tokens) == 10])
+  ends = jnp.asarray([[3, 5, 0], [1, 4, 5]])
+  step_mask = jnp.asarray([[True, True, False], [True, True, True]])
+  steps = np.asarray(rm_lib.step_scores(params, tokens, mask, ends, step_mask, cfg=tiny.cfg))
+  np.testing.assert_allclose(steps, [[scores[0, 3], scores[0, 5], 0.0],
+                                     [scores[1, 1], scores[1, 4], scores[1, 5]]], rtol=1e-6)
   with pytest.raises(ValueError, match="pooling"):
     rm_lib.outcome_rewards(params, tokens, mask, cfg=tiny.cfg, pooling="max")
 
@@ -164,6 +165,55 @@ def test_pairs_from_groups_pairs_accepted_with_rejected_replies_of_the_same_prom
   assert len(capped) == 2
   with pytest.raises(ValueError, match="groups of 5"):
     preferences.pairs_from_groups(prompts, replies, correct, 5, max_pairs_per_prompt=1, seed=0)
+
+
+@pytest.mark.parametrize("response, answer, wrong, expected", [
+    ("3 * 10 = 30", "30", "31", "3 * 10 = 31"),
+    ("30 is 30. So 30", "30", "7", "30 is 30. So 7"),  # the last occurrence
+    ("The answer is 130.", "30", "7", None),  # inside a longer number
+    ("The answer is 30.5", "5", "7", None),  # after a decimal point
+    ("The answer is -5", "-5", "5", "The answer is 5"),
+    ("no number", "4", "5", None),
+])
+def test_swap_answer_replaces_the_last_standalone_answer(response, answer, wrong, expected):
+  assert preferences.swap_answer(response, answer, wrong) == expected
+
+
+def test_answer_swap_pairs_swap_in_the_groups_own_wrong_answers_and_drop_accepted_swaps():
+  from jaxrl_agents.rewards import answers
+
+  prompts = ["p0"] * 4 + ["p1"] * 4 + ["p2"] * 4
+  replies = ["2 + 5 = 7", "7", "2 + 5 = 8", "I think 9",  # wrong answers 8 (9 is not stated)
+             "x", "y", "z", "w",  # nothing accepted: no pairs
+             "It is 4", "It is 4", "no", "no"]  # no wrong answer: near misses of 4
+  correct = [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
+  examples = [{"answer": "7"}, {"answer": "1"}, {"answer": "4"}]
+  graded = []
+
+  def grade(texts, exs):  # accepts only the right answer; counts what it saw
+    graded.extend(texts)
+    return [float(answers.lenient_answer(t) == int(e["answer"])) for t, e in zip(texts, exs)]
+
+  pairs = preferences.answer_swap_pairs(prompts, replies, correct, examples, 4, per_prompt=10,
+                                        seed=0, read_answer=answers.strict_answer, grade=grade)
+  got = sorted((p["prompt"], p["chosen"], p["rejected"]) for p in pairs)
+  near = sorted(("p2", "It is 4", f"It is {4 + d}") for d in (-10, -2, -1, 1, 2, 10))
+  assert got == sorted([("p0", "2 + 5 = 7", "2 + 5 = 8"), ("p0", "7", "8")] + near)
+  assert all(p["source"] == "answer_swap" for p in pairs) and len(graded) == len(pairs)
+  capped = preferences.answer_swap_pairs(prompts, replies, correct, examples, 4, per_prompt=1,
+                                         seed=0, read_answer=answers.strict_answer, grade=grade)
+  assert len(capped) == 2
+  # A swap the grader still accepts (here: a grader that accepts everything) is dropped.
+  assert preferences.answer_swap_pairs(prompts, replies, correct, examples, 4, per_prompt=10,
+                                       seed=0, read_answer=answers.strict_answer,
+                                       grade=lambda t, e: [1.0] * len(t)) == []
+
+
+def test_pair_accuracy_by_source():
+  pairs = [{"source": "answer_swap"}, {"source": "answer_swap"}, {}, {}]
+  got = rm_experiment.accuracy_by_source(pairs, [1.0, -1.0, 0.0, 2.0])
+  assert got == {"pair_accuracy/answer_swap": 0.5, "pair_accuracy/sampled": 0.75}
+  assert rm_experiment.accuracy_by_source([{}, {}], [1.0, -1.0]) == {}
 
 
 @pytest.mark.parametrize("line, message", [

@@ -5,7 +5,8 @@ r"""A Bradley-Terry outcome reward model for arithmetic answers, on the embedded
 
 Pairs: the embedded model answers each question `group_size` times
 (temperature 0.5); a reply the strict grader accepts is preferred to one it
-rejects. Training pairs come from `train_prompts` questions of the
+rejects, and (answer_swaps) a right reply is preferred to itself with a wrong
+number swapped in. Training pairs come from `train_prompts` questions of the
 `arithmetic/mixed` train split, held-out pairs from its 100 test questions,
 whose `group_size` replies are also the best-of-N candidates: each evaluation
 reports the reward model's pick among them against the greedy reply.
@@ -26,6 +27,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.dtype = "float32"
 
   trainer_common.add_pair_data(c)
+  # Sampled pairs alone mostly differ in form (a wrong reply rambles, a right one
+  # states "a + b = c"), and a policy trained on a reward model of them learned to
+  # state any number in that form. Two hard negatives per question: a right reply
+  # against itself with a wrong number.
+  c.generation.answer_swaps = 2
 
   # The reward model: the policy model's backbone and a scalar head, read at the
   # reply's end-of-turn token ("last") or averaged over the sequence ("mean").

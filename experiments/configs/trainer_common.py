@@ -30,7 +30,10 @@ def add_pair_data(c: ml_collections.ConfigDict) -> None:
       train_prompts=1000,  # training questions (the first of the train split)
       eval_prompts=100,    # held-out questions (the first of eval_split)
       group_size=8, temperature=0.5, max_new_tokens=24, max_pairs_per_prompt=4,
-      batch_prompts=16))
+      batch_prompts=16,
+      # Hard negatives per question: an accepted reply against itself with a wrong
+      # answer swapped in (0: none), so the answer and not only the form decides.
+      answer_swaps=0))
   c.score_batch_size = 32  # sequences per forward pass when scoring held-out data
 
 

@@ -6,7 +6,9 @@ From a JSONL file, one pair per line (any other fields are kept):
 {"prompt": "What is 2 + 3?", "chosen": "5", "rejected": "6"}
 ```
 or built from sampled responses to verifiable tasks (`pairs_from_groups`): for
-each prompt, a response the grader accepts against one it rejects.
+each prompt, a response the grader accepts against one it rejects; and
+`answer_swap_pairs` adds hard negatives, an accepted response against the same
+text with its answer changed.
 
 `encode_texts` / `encode_pairs` turn (prompt, response) texts into the token
 sequences reward models and preference losses read.
@@ -17,7 +19,8 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -101,6 +104,87 @@ def pairs_from_groups(prompts: Sequence[str], responses: Sequence[str],
       pairs.append({"prompt": prompts[g * group_size], "chosen": chosen, "rejected": rejected,
                     **(dict(extra[g]) if extra is not None else {})})
   return pairs
+
+
+def swap_answer(response: str, answer: str, wrong: str) -> str | None:
+  """`response` with the last standalone occurrence of `answer` (not inside a longer
+  number) replaced by `wrong`; None if `answer` does not occur. Linear time."""
+  if not answer:
+    return None
+  last = None
+  for last in re.finditer(r"(?<![0-9.])" + re.escape(answer) + r"(?![0-9])", response):
+    pass
+  if last is None:
+    return None
+  return response[:last.start()] + wrong + response[last.end():]
+
+
+# Offsets from the right answer when the group's own wrong replies give no other number.
+_NEAR_MISSES = (-10, -2, -1, 1, 2, 10)
+
+
+def answer_swap_pairs(prompts: Sequence[str], responses: Sequence[str],
+                      correct: Sequence[float], examples: Sequence[Mapping[str, Any]],
+                      group_size: int, *, per_prompt: int, seed: int,
+                      read_answer: Callable[[str], Any], grade: Callable[..., Sequence[float]]
+                      ) -> list[dict[str, Any]]:
+  """Hard negatives: an accepted response against the same text with a wrong answer.
+
+  Pairs of sampled responses mostly differ in form (a wrong response often
+  rambles, a right one states the answer), so a reward model trained on them
+  alone can learn the form and ignore the answer; a policy trained on such a
+  reward model then states any number in the right form. Here only the answer
+  differs. The wrong answer is one the group's rejected responses gave
+  (`read_answer`), else the right one plus a near miss (-10, -2, -1, 1, 2, 10).
+  A swapped text the grader still accepts is dropped.
+
+  Args:
+    prompts, responses, correct: per row, in groups of `group_size` (the
+      sampler's layout); correct > 0.5 is accepted.
+    examples: per group, with the right "answer".
+    per_prompt: the most pairs built from one group.
+    seed: the draw's seed.
+    read_answer: a response's answer as the grader reads it (a number or None).
+    grade: the grader, `grade(responses, examples)` -> verdicts (1 accepts).
+
+  Returns:
+    [{"prompt", "chosen", "rejected", "answer", "source": "answer_swap"}].
+  """
+  n = len(prompts)
+  if not (len(responses) == len(correct) == n) or group_size < 1 or n % group_size \
+      or len(examples) != n // group_size:
+    raise ValueError(f"{n} prompts, {len(responses)} responses, {len(correct)} verdicts and "
+                     f"{len(examples)} examples are not groups of {group_size}")
+  rng = random.Random(seed)
+  candidates, their_examples = [], []
+  for g, example in enumerate(examples):
+    rows = range(g * group_size, (g + 1) * group_size)
+    answer = str(example["answer"])
+    good = sorted({responses[i] for i in rows if correct[i] > 0.5})
+    if not good:
+      continue
+    wrong = sorted({_as_text(read_answer(responses[i])) for i in rows if correct[i] <= 0.5}
+                   - {None, answer})
+    if not wrong and answer.lstrip("-").isdigit():
+      wrong = [str(int(answer) + d) for d in _NEAR_MISSES]
+    combos = [(c, w) for c in good for w in wrong]
+    for chosen, number in rng.sample(combos, min(per_prompt, len(combos))):
+      swapped = swap_answer(chosen, answer, number)
+      if swapped is not None and swapped != chosen:
+        candidates.append({"prompt": prompts[g * group_size], "chosen": chosen,
+                           "rejected": swapped, "answer": answer, "source": "answer_swap"})
+        their_examples.append(example)
+  if not candidates:
+    return []
+  verdicts = grade([c["rejected"] for c in candidates], their_examples)
+  return [c for c, v in zip(candidates, verdicts, strict=True) if float(v) <= 0.5]
+
+
+def _as_text(number) -> str | None:
+  """An integer answer as text; None for no answer or a fraction (not swapped in)."""
+  if number is None or getattr(number, "denominator", 1) != 1:
+    return None
+  return str(int(number))
 
 
 # ----------------------------------------------------------------------------

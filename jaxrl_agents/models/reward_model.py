@@ -12,7 +12,7 @@ describes) and runs under jit:
   outcome_rewards(params, tokens, mask)  f32[B]     one score per sequence, read at
                                                      its last real token ("last") or
                                                      averaged over them ("mean")
-  step_rewards(params, tokens, mask, step_ends)   f32[B, T]  scores at the step ends
+  step_scores(params, tokens, mask, ends, step_mask)  f32[B, K]  scores at the step ends
                                                      only (a process reward model)
 
 `frozen_layers` = k stops the gradient at the embedding and the first k
@@ -103,17 +103,13 @@ def outcome_rewards(params, tokens: jax.Array, mask: jax.Array, *,
   return jnp.where(pooled, scores, 0.0).sum(axis=1) / jnp.maximum(pooled.sum(axis=1), 1)
 
 
-def step_rewards(params, tokens: jax.Array, mask: jax.Array, step_ends: jax.Array, *,
-                 cfg: transformer.TransformerConfig, frozen_layers: int = 0) -> jax.Array:
-  """f32[B, T]: a process reward model's score at each step end (`step_ends` bool[B, T],
-  e.g. `step_end_mask`), 0 elsewhere."""
+def step_scores(params, tokens: jax.Array, mask: jax.Array, ends: jax.Array,
+                step_mask: jax.Array, *, cfg: transformer.TransformerConfig,
+                frozen_layers: int = 0) -> jax.Array:
+  """f32[B, K]: a process reward model's score of each step, read at the step's end column
+  (`ends` int32[B, K], `data.steps.encode_steps`); 0 where `step_mask` is False."""
   scores = token_scores(params, tokens, mask, cfg=cfg, frozen_layers=frozen_layers)
-  return jnp.where(step_ends & mask, scores, 0.0)
-
-
-def step_end_mask(tokens: jax.Array, separator_ids: Sequence[int]) -> jax.Array:
-  """bool[B, T]: where a token is one of the step separators (e.g. the newline's ids)."""
-  return jnp.isin(tokens, jnp.asarray(list(separator_ids), tokens.dtype))
+  return jnp.where(step_mask, jnp.take_along_axis(scores, ends, axis=1), 0.0)
 
 
 # ----------------------------------------------------------------------------
