@@ -192,7 +192,8 @@ def test_answer_swap_pairs_swap_in_the_groups_own_wrong_answers_and_drop_accepte
 
   def grade(texts, exs):  # accepts only the right answer; counts what it saw
     graded.extend(texts)
-    return [float(answers.lenient_answer(t) == int(e["answer"])) for t, e in zip(texts, exs)]
+    return [float(answers.lenient_answer(t) == int(e["answer"]))
+            for t, e in zip(texts, exs, strict=True)]
 
   pairs = preferences.answer_swap_pairs(prompts, replies, correct, examples, 4, per_prompt=10,
                                         seed=0, read_answer=answers.strict_answer, grade=grade)

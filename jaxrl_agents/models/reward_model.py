@@ -28,8 +28,6 @@ response, whose hidden state has seen all of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import jax
 import jax.numpy as jnp
 import numpy as np
