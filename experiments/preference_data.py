@@ -176,6 +176,24 @@ def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[
       grade=grader(config))
 
 
+def generate_once(directory: str, settings: dict, generate) -> None:
+  """Runs `generate()` (which writes `directory`, generation.json last) unless the directory
+  is complete; data made with other `settings` is refused, never replaced (a run, or its
+  resume, may be training on it)."""
+  settings_file = os.path.join(directory, "generation.json")
+  current = json.loads(json.dumps(settings))
+  if not os.path.exists(settings_file):
+    generate()
+    return
+  with open(settings_file) as f:
+    saved = json.load(f)
+  changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+  if changed:
+    details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:6])
+    raise ValueError(f"{directory} holds data generated with other settings ({details}); "
+                     "use a new workdir or pairs_dir")
+
+
 def load_data(config, model: zoo.Model, workdir: str, progress: bool = True
               ) -> tuple[list[dict], list[dict], list[dict] | None]:
   """(training pairs, held-out pairs, best-of-N candidates or None); at least
@@ -198,19 +216,8 @@ def _load_data(config, model: zoo.Model, workdir: str, progress: bool):
       held = train
     return train, held[: config.eval_size], None
   directory = config.pairs_dir or os.path.join(workdir, "pairs")
-  settings_file = os.path.join(directory, "generation.json")
-  current = json.loads(json.dumps(_generation_settings(config)))
-  if os.path.exists(settings_file):
-    # Pairs once written are never replaced: a run (or a resume) may be training on them.
-    with open(settings_file) as f:
-      saved = json.load(f)
-    changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
-    if changed:
-      details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:6])
-      raise ValueError(f"{directory} holds pairs generated with other settings ({details}); "
-                       "use a new workdir or pairs_dir")
-  else:
-    generate_pairs(config, model, directory, progress)
+  generate_once(directory, _generation_settings(config),
+                lambda: generate_pairs(config, model, directory, progress))
   train = preferences.load_pairs(os.path.join(directory, "train.jsonl"))
   held = preferences.load_pairs(os.path.join(directory, "eval.jsonl"))
   candidates = [row for _, row in read_objects(os.path.join(directory, "candidates.jsonl"))]

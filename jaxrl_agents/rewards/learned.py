@@ -2,7 +2,10 @@
 
     from_config({"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic"}})
 
-RUN is a workdir of `experiments/reward_model.py`. Its checkpoint `step` (0:
+RUN is a workdir of `experiments/reward_model.py` (an outcome reward model) or
+of `experiments/process_reward_model.py` (a process reward model: its step
+scores' sigmoids are aggregated per reply, option `aggregate`: "min", "last"
+or "clip"; `process_rewards.aggregate`). Its checkpoint `step` (0:
 the newest; pin it for a run that must resume exactly while RUN trains on)
 gives the parameters, verified against their digests, and its config.json the
 model, chat settings, pooling and length limit. Each completion is scored
@@ -83,10 +86,37 @@ def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequen
   return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
+def score_steps(score_fn, params, tok, prompts: Sequence[str],
+                step_lists: Sequence[Sequence[str]], *, max_len: int, max_steps: int,
+                chat: bool, system: str | None, batch_size: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """(f32[B, K] step scores, bool[B, K] step mask) of (prompt, steps) rows:
+  `score_fn(params, tokens, mask, ends, step_mask)` in batches of `batch_size` rows (the
+  last padded) at bucketed widths."""
+  import jax.numpy as jnp
+
+  from jaxrl_agents.data import steps as steps_lib
+
+  scores, masks = [], []
+  for start in range(0, len(prompts), batch_size):
+    p, st = list(prompts[start:start + batch_size]), list(step_lists[start:start + batch_size])
+    rows = len(p)
+    p += [p[0]] * (batch_size - rows)
+    st += [st[0]] * (batch_size - rows)
+    e = steps_lib.encode_steps(tok, p, st, max_len=max_len, max_steps=max_steps, chat=chat,
+                               system=system)
+    out = score_fn(params, *(jnp.asarray(x) for x in (e.tokens, e.mask, e.ends, e.step_mask)))
+    scores.append(np.asarray(out)[:rows])
+    masks.append(e.step_mask[:rows])
+  if not scores:
+    return np.zeros((0, max_steps), np.float32), np.zeros((0, max_steps), bool)
+  return np.concatenate(scores).astype(np.float32), np.concatenate(masks)
+
+
 class LearnedReward:
   """An outcome reward model restored from a reward-model run: texts -> f32[B] rewards."""
 
-  def __init__(self, workdir: str, batch_size: int = 32, step: int = 0):
+  def __init__(self, workdir: str, batch_size: int = 32, step: int = 0, aggregate: str = ""):
     # Imported here: the rewards package stays light for the reward worker processes.
     import jax
     import jax.numpy as jnp
@@ -111,12 +141,46 @@ class LearnedReward:
     self.chat = bool(self.config.get("chat", True))
     self.system = self.config.get("system_prompt") or None
     self.batch_size = batch_size
-    self._score = jax.jit(lambda p, tokens, mask, reply: rm_lib.outcome_rewards(
-        p, tokens, mask, cfg=model.cfg, pooling=settings["pooling"], reply=reply))
-    log.info("reward model from %s (step %d)", workdir, self.step)
+    # A process reward model's run names its step separator; an outcome model's, its pooling.
+    self.process = "step_separator" in self.config
+    if self.process:
+      from jaxrl_agents import process_rewards
+
+      self.aggregate = aggregate or "min"
+      if self.aggregate not in process_rewards.AGGREGATIONS:
+        raise ValueError(f"reward_model: aggregate must be one of "
+                         f"{process_rewards.AGGREGATIONS}, got {aggregate!r}")
+      self.separator = self.config["step_separator"]
+      self.max_steps = int(self.config["max_steps"])
+      self._score = jax.jit(lambda p, tokens, mask, ends, step_mask: rm_lib.step_scores(
+          p, tokens, mask, ends, step_mask, cfg=model.cfg))
+      self._aggregate = jax.jit(lambda scores, present: process_rewards.aggregate(
+          jax.nn.sigmoid(scores), present, self.aggregate))
+    else:
+      if aggregate:
+        raise ValueError(f"reward_model: aggregate={aggregate!r} is for process reward models; "
+                         f"{workdir} is an outcome reward model")
+      self._score = jax.jit(lambda p, tokens, mask, reply: rm_lib.outcome_rewards(
+          p, tokens, mask, cfg=model.cfg, pooling=settings["pooling"], reply=reply))
+    log.info("%s reward model from %s (step %d)", "process" if self.process else "outcome",
+             workdir, self.step)
 
   def score(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
-    """f32[B] rewards of (prompt, response) texts, the prompt as the user message."""
+    """f32[B] rewards of (prompt, response) texts, the prompt as the user message; a process
+    reward model's are its step scores' sigmoids aggregated per reply."""
+    if self.process:
+      import jax.numpy as jnp
+
+      from jaxrl_agents.data import steps as steps_lib
+
+      step_lists = [steps_lib.split_steps(r, self.separator, self.max_steps) for r in responses]
+      scores, present = score_steps(self._score, self.params, self.tokenizer, prompts,
+                                    step_lists, max_len=self.max_len, max_steps=self.max_steps,
+                                    chat=self.chat, system=self.system,
+                                    batch_size=self.batch_size)
+      if not len(scores):
+        return np.zeros(0, np.float32)
+      return np.asarray(self._aggregate(jnp.asarray(scores), jnp.asarray(present)), np.float32)
     return score_texts(self._score, self.params, self.tokenizer, prompts, responses,
                        max_len=self.max_len, chat=self.chat, system=self.system,
                        batch_size=self.batch_size)
@@ -134,18 +198,21 @@ class LearnedReward:
 
 
 @functools.lru_cache(maxsize=4)
-def load(workdir: str, batch_size: int = 32, step: int = 0) -> LearnedReward:
+def load(workdir: str, batch_size: int = 32, step: int = 0, aggregate: str = ""
+         ) -> LearnedReward:
   """The reward model of `workdir` (checkpoint `step`, 0: the newest), loaded once per
   process."""
-  return LearnedReward(os.path.abspath(workdir), batch_size, step)
+  return LearnedReward(os.path.abspath(workdir), batch_size, step, aggregate)
 
 
 @registry.register("reward", "reward_model")
 def reward_model_reward(completions: Sequence[str],
                         examples: Sequence[Mapping[str, Any]] | None = None, *,
                         workdir: str = "", prompt_template: str = "", step: int = 0,
-                        batch_size: int = 32) -> np.ndarray:
-  """A trained outcome reward model's score of each completion (unbounded, any sign).
+                        batch_size: int = 32, aggregate: str = "") -> np.ndarray:
+  """A trained reward model's score of each completion: an outcome model's score
+  (unbounded, any sign), or a process model's step probabilities aggregated per reply
+  (`process_rewards.aggregate`: "min" by default, "last", "clip").
 
   Args:
     completions: B decoded replies.
@@ -154,9 +221,10 @@ def reward_model_reward(completions: Sequence[str],
     prompt_template: makes each prompt from its example (default: the run's own).
     step: the run's checkpoint to load (0: the newest at the first call).
     batch_size: completions per forward pass.
+    aggregate: a process reward model's aggregation of its step scores.
   """
   check_batch("reward_model", completions, examples)
   if examples is None:
     raise ValueError("reward_model scores a reply with its prompt: it needs the examples")
-  return as_rewards(load(workdir, batch_size, step)(completions, examples,
-                                                    prompt_template or None))
+  return as_rewards(load(workdir, batch_size, step, aggregate)(completions, examples,
+                                                               prompt_template or None))
