@@ -61,8 +61,9 @@ class DPOState(NamedTuple):
 
 
 class PairBatch(NamedTuple):
-  """N pairs: each side's tokens int32[N, W], mask and response mask bool[N, W], and the
-  reference's sequence log-probs f32[N]."""
+  """N pairs: each side's tokens int32[N, W] and mask bool[N, W], its response mask bool[N, R]
+  over the last R columns (`preferences.reply_tail`), and the reference's sequence
+  log-probs f32[N]."""
   chosen: jax.Array
   chosen_mask: jax.Array
   chosen_response: jax.Array
@@ -181,8 +182,10 @@ class PreferenceTrainer:
   def batch(self, pairs: Sequence[Mapping[str, Any]]) -> tuple[PairBatch, int]:
     c, r = preferences.encode_pairs(self.model.tokenizer, pairs, max_len=self.s.max_len,
                                     chat=self.s.chat, system=self.s.system)
-    arrays = [jnp.asarray(x) for x in (c.tokens, c.mask, c.response, r.tokens, r.mask,
-                                       r.response)]
+    # Log-probs are needed at the reply columns only: both sides' last R (one R for both).
+    tail = preferences.reply_tail(np.concatenate([c.response, r.response]))
+    c_reply, r_reply = tail[:len(pairs)], tail[len(pairs):]
+    arrays = [jnp.asarray(x) for x in (c.tokens, c.mask, c_reply, r.tokens, r.mask, r_reply)]
     zeros = jnp.zeros((len(pairs),), jnp.float32)
     batch = PairBatch(*arrays, zeros, zeros)
     if self.s.loss != "cpl":

@@ -54,7 +54,8 @@ class SFTState(NamedTuple):
 
 
 class SFTBatch(NamedTuple):
-  """Rows int32[B, W] tokens, bool[B, W] mask and reply mask (no loss where it is False)."""
+  """Rows int32[B, W] tokens, bool[B, W] mask, and bool[B, R] reply mask over the last R
+  columns (no loss where it is False)."""
   tokens: jax.Array
   mask: jax.Array
   reply: jax.Array
@@ -69,10 +70,13 @@ def sft_loss(params, batch: SFTBatch, *, cfg, aggregation: str = "token-mean"):
 def encode_rows(tok, prompts: Sequence[str], completions: Sequence[str], *, max_len: int,
                 chat: bool, system: str | None, width: int | None = None
                 ) -> tuple[SFTBatch, int]:
-  """(SFTBatch, rows truncated to max_len) of (prompt, completion) texts."""
+  """(SFTBatch, rows truncated to max_len) of (prompt, completion) texts. With a fixed
+  `width` the reply mask spans all W columns (a fixed shape); else the last R
+  (`preferences.reply_tail`: log-probs at the reply columns only)."""
   e = preferences.encode_texts(tok, prompts, completions, max_len=max_len, chat=chat,
                                system=system, width=width)
-  return SFTBatch(jnp.asarray(e.tokens), jnp.asarray(e.mask), jnp.asarray(e.response)), \
+  reply = e.response if width else preferences.reply_tail(e.response)
+  return SFTBatch(jnp.asarray(e.tokens), jnp.asarray(e.mask), jnp.asarray(reply)), \
       int(e.truncated.sum())
 
 

@@ -106,6 +106,23 @@ def test_a_reply_token_with_no_real_token_before_it_counts_zero(tiny):
     assert np.all(logp[i, :real[0]] == 0)
 
 
+def test_reply_log_probs_over_the_reply_tail_equal_the_full_width_ones(tiny):
+  """Logits for the last R columns only give the same log-probs as all W columns."""
+  from jaxrl_agents.rollout import scoring
+
+  e = preferences.encode_texts(tiny.tokenizer, ["a long prompt " * 6, "q"], ["ab", "abcdefgh"],
+                               max_len=128)
+  tail = preferences.reply_tail(e.response, multiple=4)
+  assert tail.shape[1] == 12 < e.tokens.shape[1]  # "abcdefgh" and the closing token: 9 -> 12
+  args = (tiny.params, jnp.asarray(e.tokens), jnp.asarray(e.mask))
+  full = np.asarray(scoring.reply_logprobs(*args, jnp.asarray(e.response), cfg=tiny.cfg))
+  short = np.asarray(scoring.reply_logprobs(*args, jnp.asarray(tail), cfg=tiny.cfg))
+  np.testing.assert_allclose(short, full[:, -12:], rtol=1e-6, atol=1e-6)
+  assert np.all(full[:, :-12] == 0)
+  with pytest.raises(ValueError, match="not right-aligned"):
+    preferences.reply_tail(np.asarray([[True, False, False, False, False]]), multiple=2)
+
+
 def _signal_pairs(n, seed):
   rng = np.random.default_rng(seed)
   words = ["red", "blue", "cat", "dog", "sun", "sea", "tree", "rock"]

@@ -263,6 +263,19 @@ def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_l
   return Encoded(tokens, mask, response, np.asarray(truncated, bool))
 
 
+def reply_tail(response: np.ndarray, multiple: int = 16) -> np.ndarray:
+  """The last R columns of right-aligned reply masks bool[B, W] (`Encoded.response`): R is
+  the longest reply, rounded up to `multiple` (at most W), so the trainers compute
+  vocabulary logits for R columns, not W (`rollout.scoring.reply_logprobs`)."""
+  w = response.shape[1]
+  longest = int(response.sum(axis=1).max(initial=0))
+  r = min(w, bucket_width(longest, multiple))
+  if response[:, :w - r].any():
+    raise ValueError("reply masks are not right-aligned (a reply column before the last "
+                     f"{r})")
+  return response[:, w - r:]
+
+
 def encode_pairs(tok, pairs: Sequence[Mapping[str, Any]], *, max_len: int, chat: bool = True,
                  system: str | None = None) -> tuple[Encoded, Encoded]:
   """(chosen, rejected) sides of pairs, encoded (`encode_texts`) at one shared width."""

@@ -164,16 +164,27 @@ def policy_logprobs(
 
 def reply_logprobs(params, tokens: jax.Array, mask: jax.Array, reply: jax.Array, *,
                    cfg: transformer.TransformerConfig) -> jax.Array:
-  """f32[B, W]: log pi(token | the real tokens before it) at each reply token, 0 elsewhere.
+  """f32[B, R]: log pi(token | the real tokens before it) at each reply token of the last R
+  columns, 0 elsewhere.
 
   For sequences outside a Trajectory (preference pairs, SFT rows:
   `data.preferences.encode_texts`): tokens int[B, W] in any padding the mask
-  describes, reply bool[B, W] the tokens whose probability counts (a reply token with
-  no real token before it has nothing to be predicted from and counts 0).
+  describes; reply bool[B, R], R <= W, marks the tokens whose probability counts
+  among the sequence's last R columns (R = W: all of them; `preferences.reply_tail`
+  trims a right-aligned reply mask). Only those R columns get vocabulary logits,
+  which in a short reply after a long prompt is most of the memory saved. A reply
+  token with no real token before it has nothing to be predicted from and counts 0.
   """
-  logits, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
-                                segment_ids=mask.astype(jnp.int32),
-                                num_positions=tokens.shape[1])
+  w, r = tokens.shape[1], reply.shape[1]
+  if r > w:
+    raise ValueError(f"reply mask of {r} columns for sequences of {w}")
+  hidden, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
+                                segment_ids=mask.astype(jnp.int32), return_hidden=True,
+                                num_positions=w)
+  # Column c is predicted from column c - 1; the first column has no predictor.
+  first = max(w - r, 1)
+  logits = transformer.lm_head(params, hidden[:, first - 1:w - 1], cfg)
   # A reply token counts only when a real token precedes it (its prediction's input).
-  logp, _ = token_logprobs(logits[:, :-1], tokens[:, 1:], reply[:, 1:] & mask[:, :-1])
-  return jnp.pad(logp, ((0, 0), (1, 0)))
+  counted = reply[:, first - (w - r):] & mask[:, first - 1:w - 1]
+  logp, _ = token_logprobs(logits, tokens[:, first:], counted)
+  return jnp.pad(logp, ((0, 0), (r - logp.shape[1], 0)))
