@@ -1,0 +1,138 @@
+"""Sharding on the 8 fake CPU devices the test setup creates (tests/conftest.py): meshes from
+config, the parameter rules, and the same numbers on every mesh as on one device."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_agents import sharding
+from jaxrl_agents.models import zoo
+
+MESHES = [{"data": 8}, {"data": 2, "fsdp": 4}, {"data": 2, "fsdp": 2, "tensor": 2}]
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+
+
+def test_mesh_shape_fills_one_axis_and_names_bad_specs():
+  assert sharding.mesh_shape(None, 8) == {"data": 1, "fsdp": 1, "tensor": 1}
+  assert sharding.mesh_shape({"data": 2, "fsdp": -1}, 8) == {"data": 2, "fsdp": 4, "tensor": 1}
+  mesh = sharding.mesh_from_config({"fsdp": -1, "tensor": 2})
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+  with pytest.raises(ValueError, match="unknown mesh axes"):
+    sharding.mesh_shape({"model": 2}, 8)
+  with pytest.raises(ValueError, match="only one mesh axis may be -1"):
+    sharding.mesh_shape({"data": -1, "fsdp": -1}, 8)
+  with pytest.raises(ValueError, match="needs 16 devices"):
+    sharding.mesh_shape({"data": 4, "fsdp": 4}, 8)
+  with pytest.raises(ValueError, match="do not split"):
+    sharding.mesh_shape({"data": 3, "fsdp": -1}, 8)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return zoo.load("tiny")
+
+
+def test_rules_shard_weights_and_keep_what_does_not_divide_whole(tiny):
+  mesh = sharding.mesh_from_config({"data": 2, "fsdp": 2, "tensor": 2})
+  specs = jax.tree.map(lambda s: s.spec, sharding.shardings(tiny.params, mesh))
+  layer = specs["layers"][0]
+  assert layer["wq"] == P("tensor", "fsdp") and layer["w_down"] == P("fsdp", "tensor")
+  assert layer["attn_norm"] == P() and specs["embed"] == P("tensor", "fsdp")
+  # A dimension the axis does not divide stays whole; a size-1 axis is never named.
+  mesh3 = sharding.mesh_from_config({"fsdp": 1, "tensor": 8})
+  assert sharding.spec_for("layers/0/wk", (36, 64), mesh3) == P()
+  assert sharding.spec_for("layers/0/wk", (32, 64), mesh3) == P("tensor")
+  # Optimizer moments sit under paths ending the same way.
+  assert sharding.spec_for("opt_state/0/mu/layers/1/wo", (64, 64), mesh) == P("fsdp", "tensor")
+
+
+def test_per_device_parameter_and_optimizer_bytes_fall_as_fsdp_grows(tiny):
+  import optax
+
+  tx = optax.adamw(1e-3)
+  sizes = []
+  for fsdp in (1, 2, 4, 8):
+    mesh = sharding.mesh_from_config({"fsdp": fsdp})
+    params = sharding.shard(tiny.params, mesh)
+    opt_state = sharding.init_sharded(tx.init, mesh, params)
+    sizes.append((sharding.bytes_per_device(params), sharding.bytes_per_device(opt_state)))
+  total = sum(x.nbytes for x in jax.tree.leaves(tiny.params))
+  assert sizes[0][0] == total
+  for (p0, o0), (p1, o1) in zip(sizes, sizes[1:], strict=False):
+    assert p1 < p0 and o1 < o0
+  # Norm vectors ([64]) are replicated; the rest is split 8 ways.
+  norms = sum(x.nbytes for x in jax.tree.leaves(tiny.params) if x.ndim == 1)
+  assert sizes[-1][0] == pytest.approx((total - norms) / 8 + norms)
+
+
+def _grpo_case(tiny):
+  """A tiny GRPO algorithm, its state and one prepared batch of 16 rows."""
+  from experiments import common, grpo
+  from experiments.configs import grpo_arithmetic
+  from jaxrl_agents import data as data_lib
+  from jaxrl_agents import rl_loop
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.prompts_per_step, config.group_size = 4, 4
+  # Adam's first step moves a weight by lr * g / (|g| + eps): with the usual eps = 1e-8 a
+  # weight whose gradient is ~0 moves by a float-noise-sized fraction of lr, which another
+  # order of summation changes. A larger eps keeps the update a smooth function of g.
+  config.optimizer.eps = 1e-4
+  algo = grpo.GRPO(config, tiny.cfg)
+  state = algo.init_state(tiny.params, jax.random.key(0))
+  source = data_lib.load_task(config.task, "train")
+  examples = [source[i] for i in range(4)]
+  reward_fn, grader = common.make_rewards(config)
+  r = rl_loop.rollout(tiny.params, tiny, examples, jax.random.key(1), group_size=4,
+                      sampling=rl_loop.sampling_from_config(config, tiny.tokenizer),
+                      template=config.prompt_template, chat=config.chat, system=None,
+                      reward_fn=reward_fn, grader=grader)
+  return algo, state, algo.prepare(state, r, jax.random.key(2))
+
+
+@pytest.mark.parametrize("spec", MESHES, ids=lambda s: "x".join(map(str, s.values())))
+def test_a_grpo_update_on_a_mesh_equals_one_device(tiny, spec):
+  algo, state, batch = _grpo_case(tiny)
+  assert batch.traj.tokens.shape[0] == 16 and float(jnp.abs(batch.advantages).sum()) > 0
+  copy = lambda t: jax.tree.map(jnp.copy, t)
+  ref_state, ref_metrics = algo.update(copy(state), batch, jax.random.key(3), 0.0)
+  mesh = sharding.mesh_from_config(spec)
+  sharded_state = sharding.shard(copy(state), mesh)
+  sharded_batch = sharding.shard_batch(batch, mesh)
+  assert sharded_batch.traj.tokens.sharding.spec == P(("data", "fsdp"))
+  new_state, metrics = algo.update(sharded_state, sharded_batch, jax.random.key(3), 0.0)
+  for k in ("loss", "grad_norm"):
+    assert float(metrics[k]) == pytest.approx(float(ref_metrics[k]), rel=1e-4, abs=1e-6), k
+  lr = float(algo.optimizer.schedule(0))
+  assert 0 < lr <= 1e-3
+  for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params),
+                  strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=0.01 * lr)
+  wq = new_state.params["layers"][0]["wq"]
+  assert wq.sharding.spec == sharding.spec_for("layers/0/wq", wq.shape, mesh)
+
+
+@pytest.mark.parametrize("spec", MESHES, ids=lambda s: "x".join(map(str, s.values())))
+def test_sampling_with_sharded_weights_and_rows_equals_one_device(tiny, spec):
+  from jaxrl_agents.models import tokenizer as tokenizer_lib
+  from jaxrl_agents.rollout import sampler as sampler_lib
+
+  tok = tiny.tokenizer
+  ids = [tokenizer_lib.plain_ids(tok, f"question {i}" + "?" * i) for i in range(8)]
+  tokens, mask = tokenizer_lib.pad_left(ids, tok.pad_token_id)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=12, temperature=1.0,
+                                        stop_tokens=(tok.eos_token_id,), pad_id=tok.pad_token_id)
+  run = functools.partial(sampler_lib.generate, cfg=tiny.cfg, rng=jax.random.key(5),
+                          sampling=sampling, samples_per_prompt=2)
+  ref = run(tiny.params, prompt_tokens=jnp.asarray(tokens), prompt_mask=jnp.asarray(mask))
+  mesh = sharding.mesh_from_config(spec)
+  out = run(sharding.shard(tiny.params, mesh),
+            prompt_tokens=sharding.shard_batch(jnp.asarray(tokens), mesh),
+            prompt_mask=sharding.shard_batch(jnp.asarray(mask), mesh))
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
