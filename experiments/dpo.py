@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common, preference_data
-from jaxrl_agents import harness, losses
+from jaxrl_agents import harness, losses, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.losses import preference as preference_lib
@@ -172,6 +172,7 @@ class PreferenceTrainer:
     self._reference = jax.jit(functools.partial(reference_logprobs, cfg=model.cfg))
     self._margins = jax.jit(functools.partial(implicit_margins, cfg=model.cfg, s=s))
     self.data = make_loader(train_pairs, batch_size=config.pairs_per_step, seed=config.seed)
+    self.mesh = sharding.for_config(config)
     self._held_batches = None
 
   def init_state(self) -> DPOState:
@@ -196,6 +197,7 @@ class PreferenceTrainer:
   def train_step(self, state: DPOState, rng, progress: float) -> harness.StepResult:
     pairs = next(self.data)
     batch, truncated = self.batch(pairs)
+    batch = sharding.shard_batch(batch, self.mesh)
     state, metrics = self._update(state, batch, rng, jnp.float32(progress))
     record = {k: float(v) for k, v in jax.device_get(metrics).items()}
     record["sequences_truncated"] = truncated

@@ -39,7 +39,7 @@ import optax
 
 from experiments import common, preference_data, step_data
 from experiments import reward_model as rm_experiment
-from jaxrl_agents import best_of_n, harness, process_rewards
+from jaxrl_agents import best_of_n, harness, process_rewards, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader
 from jaxrl_agents.data import steps as steps_lib
@@ -131,6 +131,7 @@ class ProcessRewardModelTrainer:
     self._score = jax.jit(functools.partial(scores_of, cfg=model.cfg, s=s))
     self.read_answer = preference_data.ANSWER_READERS.get(config.grader)
     self.data = make_loader(train_rows, batch_size=config.rows_per_step, seed=config.seed)
+    self.mesh = sharding.for_config(config)
 
   def init_state(self) -> rm_experiment.RMState:
     params = rm_lib.init(self.model.params, jax.random.key(self.config.seed), self.model.cfg,
@@ -141,6 +142,7 @@ class ProcessRewardModelTrainer:
   def train_step(self, state, rng, progress: float) -> harness.StepResult:
     rows = next(self.data)
     batch, truncated = step_batch(self.model.tokenizer, rows, self.s)
+    batch = sharding.shard_batch(batch, self.mesh)
     state, metrics = self._update(state, batch, rng, jnp.float32(progress))
     record = {k: float(v) for k, v in jax.device_get(metrics).items()}
     record["sequences_truncated"] = truncated

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments import common, preference_data
-from jaxrl_agents import best_of_n, harness, losses
+from jaxrl_agents import best_of_n, harness, losses, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.models import reward_model as rm_lib
@@ -152,6 +152,7 @@ class RewardModelTrainer:
     self._score = jax.jit(functools.partial(rewards_of, cfg=model.cfg, s=s))
     self.read_answer = preference_data.ANSWER_READERS.get(config.grader)
     self.data = make_loader(train_pairs, batch_size=config.pairs_per_step, seed=config.seed)
+    self.mesh = sharding.for_config(config)
 
   def init_state(self) -> RMState:
     params = rm_lib.init(self.model.params, jax.random.key(self.config.seed), self.model.cfg,
@@ -162,6 +163,7 @@ class RewardModelTrainer:
   def train_step(self, state: RMState, rng, progress: float) -> harness.StepResult:
     pairs = next(self.data)
     batch, truncated = pair_batch(self.model.tokenizer, pairs, self.s)
+    batch = sharding.shard_batch(batch, self.mesh)
     state, metrics = self._update(state, batch, rng, jnp.float32(progress))
     record = {k: float(v) for k, v in jax.device_get(metrics).items()}
     record["sequences_truncated"] = truncated

@@ -37,7 +37,7 @@ import numpy as np
 
 from experiments import common
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import harness, losses, rl_loop
+from jaxrl_agents import harness, losses, rl_loop, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data.jsonl import read_objects
@@ -113,6 +113,7 @@ class SFTTrainer:
     self.optimizer, self._update = make_update(config, model, config.steps * config.minibatches)
     self._nll = jax.jit(functools.partial(sft_loss, cfg=model.cfg))
     self.data = data_lib.make_loader(rows, batch_size=config.batch_size, seed=config.seed)
+    self.mesh = sharding.for_config(config)
     self.system = config.system_prompt or None
     self.rewards = common.make_rewards(config) if eval_examples else None
 
@@ -127,6 +128,7 @@ class SFTTrainer:
   def train_step(self, state: SFTState, rng, progress: float) -> harness.StepResult:
     rows = next(self.data)
     batch, truncated = self._encode(rows)
+    batch = sharding.shard_batch(batch, self.mesh)
     state, metrics = self._update(state, batch, rng, jnp.float32(progress))
     record = {k: float(v) for k, v in jax.device_get(metrics).items()}
     record["sequences_truncated"] = truncated

@@ -27,7 +27,9 @@ every `checkpoint_every` steps, at the end, when the time budget
 refuses a config that computes differently (`check_resumable`) and continues
 exactly where the checkpoint left it: step keys derive from (seed, step).
 Training time is the wall-clock of the train steps (compilation included,
-evaluation and checkpointing excluded) and carries over a resume.
+evaluation and checkpointing excluded) and carries over a resume. With
+`config.mesh` naming more than one device, the train state is placed on that
+mesh by `sharding.RULES` (and restored onto it), so a resume may use another mesh.
 
 What a run guarantees about its workdir:
   * one writer: a second run on a live workdir fails at once naming the first
@@ -58,7 +60,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxrl_agents import checkpointing
+from jaxrl_agents import checkpointing, sharding
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import workdir as workdir_lib
 
@@ -105,6 +107,9 @@ RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
     "keep_checkpoints", "sample_every", "samples_per_log", "tensorboard",
     "max_consecutive_nonfinite", "time_budget_s", "eval_every_s", "start_over",
+    # The device mesh: a run may resume on more or fewer devices (the numbers then
+    # differ by float summation order only).
+    "mesh.data", "mesh.fsdp", "mesh.tensor",
     # A safety limit: it changes a result only for a reply whose reward stalls.
     "reward_time_limit_s"})
 
@@ -404,7 +409,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       elif not ckpt.steps() and _has_logs(workdir):
         _logs_without_checkpoint(config, workdir)
       r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count)
-      r.restore(init_state)
+      mesh = sharding.for_config(config)  # the state lives sharded by the rules on it
+      r.restore(lambda: sharding.shard(init_state(), mesh))
       with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(config_to_dict(config), f, indent=2)
       try:

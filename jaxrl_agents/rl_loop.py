@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import credit, harness, types
+from jaxrl_agents import credit, harness, sharding, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
@@ -285,12 +285,16 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     The last eval record (or {} when evaluation is off).
   """
 
+  mesh = sharding.for_config(config)
+
   def train_step(state, rng, progress_fraction):
     rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
     t0 = time.perf_counter()
     r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
     t1 = time.perf_counter()
-    batch = algorithm.prepare(state, r, prepare_rng)
+    # Rows split over the mesh's data x fsdp devices (no-op on one device).
+    r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
+    batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh)
     state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
     update_metrics = jax.device_get(update_metrics)
     t2 = time.perf_counter()

@@ -83,6 +83,15 @@ def mesh_from_config(spec: Mapping[str, int] | None = None,
   return Mesh(grid, AXES)
 
 
+def for_config(config) -> Mesh | None:
+  """The mesh of `config.mesh` ({axis: size}); None (one device, nothing placed) when it is
+  absent or has a single device."""
+  spec = dict(config.get("mesh", None) or {})
+  if math.prod(mesh_shape(spec, jax.device_count()).values()) == 1:
+    return None
+  return mesh_from_config(spec)
+
+
 def path_name(path) -> str:
   """"layers/3/wq" for a pytree key path."""
   parts = []
@@ -121,9 +130,12 @@ def shardings(tree: Any, mesh: Mesh,
       tree)
 
 
-def shard(tree: Any, mesh: Mesh,
+def shard(tree: Any, mesh: Mesh | None,
           rules: Sequence[tuple[str, Sequence[str | None]]] = RULES) -> Any:
-  """`tree` placed on `mesh` by the rules (parameters, optimizer state, a train state)."""
+  """`tree` placed on `mesh` by the rules (parameters, optimizer state, a train state);
+  unchanged when `mesh` is None (one device)."""
+  if mesh is None:
+    return tree
   return jax.device_put(tree, shardings(tree, mesh, rules))
 
 
@@ -143,8 +155,11 @@ def batch_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
   return PartitionSpec(BATCH_AXES)
 
 
-def shard_batch(tree: Any, mesh: Mesh) -> Any:
-  """Every array of `tree` split by its leading (row) axis over data x fsdp."""
+def shard_batch(tree: Any, mesh: Mesh | None) -> Any:
+  """Every array of `tree` split by its leading (row) axis over data x fsdp; unchanged when
+  `mesh` is None (one device)."""
+  if mesh is None:
+    return tree
   return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, batch_spec(np.shape(x),
                                                                                  mesh))), tree)
 

@@ -136,3 +136,54 @@ def test_sampling_with_sharded_weights_and_rows_equals_one_device(tiny, spec):
             prompt_mask=sharding.shard_batch(jnp.asarray(mask), mesh))
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+
+
+def _records(workdir, kind):
+  from jaxrl_agents import metrics as metrics_lib
+  return [r for r in metrics_lib.read_jsonl(workdir / "metrics.jsonl") if r["kind"] == kind]
+
+
+def test_the_tiny_grpo_experiment_on_a_mesh_logs_what_one_device_logs_and_resumes_on_one(
+    tmp_path):
+  """config.mesh is all it takes: the same rewards, losses and eval figures (float
+  tolerance), a state placed by the rules, and a checkpoint written on 8 devices that
+  resumes on one."""
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.optimizer.eps = 1e-4  # see _grpo_case
+  one = tmp_path / "one"
+  grpo.train(config, str(one), progress=False)
+  config.mesh.update(dict(data=2, fsdp=2, tensor=2))
+  meshed = tmp_path / "mesh"
+  grpo.train(config, str(meshed), progress=False)
+  keys = ("reward_mean", "accuracy", "loss", "grad_norm", "kl", "entropy")
+  for a, b in zip(_records(one, "train"), _records(meshed, "train"), strict=True):
+    for k in keys:
+      if k in a:
+        assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-5), (a["step"], k)
+  for a, b in zip(_records(one, "eval"), _records(meshed, "eval"), strict=True):
+    assert b["reward_mean"] == pytest.approx(a["reward_mean"], abs=1e-6)
+  # The mesh run's checkpoint resumes on one device (a mesh change is a resumable change).
+  config.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  config.steps += 1
+  grpo.train(config, str(meshed), progress=False)
+  assert [r["step"] for r in _records(meshed, "train")][-1] == config.steps
+
+
+def test_offline_trainers_shard_their_batches(tmp_path):
+  """The reward-model trainer on a mesh logs what it logs on one device."""
+  from experiments import reward_model as rm_experiment
+  from experiments.configs import reward_model_arithmetic
+
+  config = reward_model_arithmetic.get_config("tiny")
+  config.pairs_per_step = 8
+  config.optimizer.eps = 1e-4
+  rm_experiment.train(config, str(tmp_path / "one"), progress=False)
+  config.mesh.update(dict(data=2, fsdp=4))
+  config.pairs_dir = str(tmp_path / "one" / "pairs")
+  rm_experiment.train(config, str(tmp_path / "mesh"), progress=False)
+  for a, b in zip(_records(tmp_path / "one", "train"), _records(tmp_path / "mesh", "train"),
+                  strict=True):
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]

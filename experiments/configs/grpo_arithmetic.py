@@ -117,6 +117,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
   c.max_consecutive_nonfinite = 5
 
+  # Devices (jaxrl_agents/sharding.py): rows split over data x fsdp, weights and
+  # optimizer moments over fsdp (and tensor); -1 takes the devices left over. All
+  # 1: one device.
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+
   # Wall-clock: stop after this much training time (rollouts and updates,
   # evaluation excluded), and evaluate each time it crosses a multiple of
   # eval_every_s; 0 turns either off.

@@ -62,6 +62,8 @@ def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: flo
   c.max_consecutive_nonfinite = 5
   c.time_budget_s = 0.0
   c.eval_every_s = 0.0
+  # Devices (jaxrl_agents/sharding.py); all 1: one device.
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
   c.eval_every = eval_every
   c.checkpoint_every = eval_every
   c.keep_checkpoints = 2
