@@ -39,11 +39,18 @@ AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 # (path regex, the mesh axis of each dimension). Weights are stored [out, in].
-RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
     (r"(^|/)(embed|lm_head)$", ("tensor", "fsdp")),  # [V, D]: vocabulary over tensor
     (r"(^|/)(wq|wk|wv|w_gate|w_up)$", ("tensor", "fsdp")),  # [heads * dh or F, D]
     (r"(^|/)(wo|w_down)$", ("fsdp", "tensor")),  # [D, heads * dh or F]
     (r"(^|/)(bq|bk|bv)$", ("tensor",)),  # Qwen2's q/k/v biases
+)
+
+
+# The KV cache (`transformer.KVCache`): rows over data x fsdp, key/value heads over tensor.
+CACHE_RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    (r"(^|/)(k|v)/\d+$", (BATCH_AXES, "tensor")),  # [B, K, Dh, S] and [B, K, S, Dh]
+    (r"(^|/)valid$", (BATCH_AXES,)),
 )
 
 
@@ -105,25 +112,50 @@ def path_name(path) -> str:
   return "/".join(parts)
 
 
-def spec_for(name: str, shape: Sequence[int], mesh: Mesh,
-             rules: Sequence[tuple[str, Sequence[str | None]]] = RULES) -> PartitionSpec:
-  """The PartitionSpec of a leaf: the first rule matching its path, with an axis dropped
-  (that dimension kept whole) where the mesh axis is 1 or does not divide it."""
+def spec_for(name: str, shape: Sequence[int], mesh: Mesh | Mapping[str, int],
+             rules: Sequence[tuple[str, Sequence[Any]]] = RULES) -> PartitionSpec:
+  """The PartitionSpec of a leaf: the first rule matching its path. An axis whose
+  dimension it does not divide moves to the largest free dimension it divides, else is
+  dropped (the array stays whole along it); a size-1 axis is never named. A rule's entry
+  may name several axes for one dimension (rows over data x fsdp). `mesh` is a Mesh or
+  its {axis: size} (to plan for devices this process does not have)."""
+  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else dict(mesh)
   for pattern, axes in rules:
     if re.search(pattern, name):
       if len(axes) > len(shape):
         return PartitionSpec()  # e.g. a scalar where the rule expects a matrix
-      dims = [axis if axis is not None and mesh.shape[axis] > 1
-              and shape[i] % mesh.shape[axis] == 0 else None
-              for i, axis in enumerate(axes)]
+      dims: list[Any] = [None] * len(shape)
+      homeless = []
+      for i, axis in enumerate(axes):
+        names = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+        split = math.prod(sizes[a] for a in names)
+        if split > 1 and shape[i] % split == 0:
+          dims[i] = axis
+        elif split > 1:
+          homeless.append((axis, split))
+      # An axis its dimension cannot take goes to another free dimension it divides
+      # (SmolLM2's d = 576 does not split 256 ways; its vocabulary of 49152 does).
+      for axis, split in homeless:
+        free = [i for i in range(len(shape)) if dims[i] is None and shape[i] % split == 0]
+        if free:
+          dims[max(free, key=lambda i: shape[i])] = axis
       while dims and dims[-1] is None:
         dims.pop()
       return PartitionSpec(*dims)
   return PartitionSpec()
 
 
-def shardings(tree: Any, mesh: Mesh,
-              rules: Sequence[tuple[str, Sequence[str | None]]] = RULES) -> Any:
+def shard_count(spec: PartitionSpec, mesh: Mesh | Mapping[str, int]) -> int:
+  """Into how many pieces `spec` splits an array on `mesh` (its size over one device's)."""
+  sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else dict(mesh)
+  count = 1
+  for entry in spec:
+    for axis in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+      count *= sizes[axis]
+  return count
+
+
+def shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Sequence[Any]]] = RULES) -> Any:
   """A NamedSharding per leaf of `tree` (arrays or ShapeDtypeStructs; None stays None)."""
   return jax.tree_util.tree_map_with_path(
       lambda path, x: NamedSharding(mesh, spec_for(path_name(path), np.shape(x), mesh, rules)),
@@ -131,7 +163,7 @@ def shardings(tree: Any, mesh: Mesh,
 
 
 def shard(tree: Any, mesh: Mesh | None,
-          rules: Sequence[tuple[str, Sequence[str | None]]] = RULES) -> Any:
+          rules: Sequence[tuple[str, Sequence[Any]]] = RULES) -> Any:
   """`tree` placed on `mesh` by the rules (parameters, optimizer state, a train state);
   unchanged when `mesh` is None (one device)."""
   if mesh is None:
@@ -140,7 +172,7 @@ def shard(tree: Any, mesh: Mesh | None,
 
 
 def init_sharded(init_fn: Callable[..., Any], mesh: Mesh, *args,
-                 rules: Sequence[tuple[str, Sequence[str | None]]] = RULES) -> Any:
+                 rules: Sequence[tuple[str, Sequence[Any]]] = RULES) -> Any:
   """`init_fn(*args)` created in place on `mesh`: shapes from `jax.eval_shape`, then the
   jitted init with `out_shardings`, so no device ever holds the whole result."""
   abstract = jax.eval_shape(init_fn, *args)

@@ -45,8 +45,12 @@ def test_rules_shard_weights_and_keep_what_does_not_divide_whole(tiny):
   assert layer["attn_norm"] == P() and specs["embed"] == P("tensor", "fsdp")
   # A dimension the axis does not divide stays whole; a size-1 axis is never named.
   mesh3 = sharding.mesh_from_config({"fsdp": 1, "tensor": 8})
-  assert sharding.spec_for("layers/0/wk", (36, 64), mesh3) == P()
+  assert sharding.spec_for("layers/0/wk", (36, 63), mesh3) == P()
   assert sharding.spec_for("layers/0/wk", (32, 64), mesh3) == P("tensor")
+  # ... or goes to another dimension it divides
+  assert sharding.spec_for("layers/0/wk", (36, 64), mesh3) == P(None, "tensor")
+  assert sharding.spec_for("embed", (49152, 576), {"data": 1, "fsdp": 256, "tensor": 1}) == \
+      P("fsdp")
   # Optimizer moments sit under paths ending the same way.
   assert sharding.spec_for("opt_state/0/mu/layers/1/wo", (64, 64), mesh) == P("fsdp", "tensor")
 
@@ -187,3 +191,25 @@ def test_offline_trainers_shard_their_batches(tmp_path):
   for a, b in zip(_records(tmp_path / "one", "train"), _records(tmp_path / "mesh", "train"),
                   strict=True):
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
+
+
+def test_memory_plan_matches_the_parameter_count_and_the_cache_formula():
+  """benchmarks/sharding_memory.py from shapes alone: Llama-3-8B on fsdp=8 holds an eighth
+  of 4 bytes per parameter (less the replicated norms), and the KV cache is rows x context
+  x layers x 2 x kv heads x head dim x 2 bytes over the row-splitting devices."""
+  import importlib.util
+  import pathlib
+
+  path = pathlib.Path(__file__).parent.parent / "benchmarks" / "sharding_memory.py"
+  spec = importlib.util.spec_from_file_location("sharding_memory", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  cfg = bench.MODELS["llama-3-8b"]
+  got = bench.plan(cfg, {"data": 1, "fsdp": 8, "tensor": 1}, rows=64, context=1024)
+  norms = (2 * cfg.n_layers + 1) * cfg.d_model
+  expected = ((cfg.num_params - norms) / 8 + norms) * 4 / bench.GIB
+  assert got["params_gib"] == pytest.approx(expected, rel=1e-6)
+  assert got["adam_gib"] == pytest.approx(2 * expected, rel=1e-6)
+  kv = 64 * 1024 * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 / 8
+  assert got["kv_cache_gib"] * bench.GIB == pytest.approx(kv + 64 * 1024 / 8, rel=1e-6)
+  assert cfg.num_params == pytest.approx(8.03e9, rel=0.01)
