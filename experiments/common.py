@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import harness, registry, rl_loop
+from jaxrl_agents import harness, registry, rl_loop, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import zoo
@@ -97,7 +97,8 @@ def validate_common(config) -> None:
 
 
 def load_model(config) -> zoo.Model:
-  return zoo.load(config.model, dtype=config.dtype)
+  """The policy model; on `config.mesh` (more than one device) its weights load sharded."""
+  return zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
 
 
 def task_examples(config):

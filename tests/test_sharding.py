@@ -213,3 +213,16 @@ def test_memory_plan_matches_the_parameter_count_and_the_cache_formula():
   kv = 64 * 1024 * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2 / 8
   assert got["kv_cache_gib"] * bench.GIB == pytest.approx(kv + 64 * 1024 / 8, rel=1e-6)
   assert cfg.num_params == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_a_model_loads_straight_onto_the_mesh():
+  mesh = sharding.mesh_from_config({"fsdp": 4, "tensor": 2})
+  model = zoo.load("tiny", mesh=mesh)
+  plain = zoo.load("tiny")
+  wq = model.params["layers"][0]["wq"]
+  assert wq.sharding.spec == P("tensor", "fsdp") and len(wq.addressable_shards) == 8
+  assert wq.addressable_shards[0].data.shape == (32, 16)
+  for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(plain.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  bf16 = zoo.load("tiny", param_dtype="bfloat16", mesh=mesh)
+  assert bf16.params["embed"].dtype == jnp.bfloat16

@@ -168,13 +168,17 @@ def load_gguf_file(path: str) -> Model:
                name=path)
 
 
-def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = None) -> Model:
+def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = None,
+         mesh=None) -> Model:
   """Loads a preset, a Hugging Face directory or a GGUF file.
 
   Args:
     name_or_path: a name from `names()`, a directory, or a .gguf path.
     dtype: compute dtype ("float32" or "bfloat16").
     param_dtype: storage dtype of the params; defaults to float32.
+    mesh: a `jax.sharding.Mesh`: each weight goes from host memory straight to its
+      shards on the mesh (`sharding.RULES`), never whole onto one device. None: the
+      default device.
   """
   if name_or_path in _PRESETS:
     model = _PRESETS[name_or_path]()
@@ -188,6 +192,11 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
         "a Hugging Face directory or a .gguf file")
   param_dtype = param_dtype or "float32"
   model.cfg = model.cfg.replace(dtype=dtype, param_dtype=param_dtype)
-  model.params = jax.tree.map(
-      lambda x: jax.numpy.asarray(np.asarray(x), dtype=param_dtype), model.params)
+  host = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.dtype(param_dtype)), model.params)
+  if mesh is None:
+    model.params = jax.tree.map(jax.numpy.asarray, host)
+  else:
+    from jaxrl_agents import sharding
+
+    model.params = jax.device_put(host, sharding.shardings(host, mesh))
   return model
