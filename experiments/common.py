@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 
+import jax
 import numpy as np
 
 from jaxrl_agents import data as data_lib
@@ -237,6 +239,30 @@ def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: 
                      evaluate=evaluate, progress=progress)
 
 
+COMPILATION_CACHE_NAME = ".jax_compilation_cache"
+
+
+def enable_compilation_cache(setting: str, workdir: str) -> str | None:
+  """Turns on JAX's persistent compilation cache: `setting` is a directory, "auto"
+  (COMPILATION_CACHE_NAME in the workdir's parent, shared by the runs there) or "none".
+  Returns the directory used, or None. The cache never changes a result: an entry is
+  keyed by the program, the compiler flags and the JAX version."""
+  if setting == "none":
+    return None
+  directory = setting
+  if setting == "auto":
+    parent = os.path.dirname(os.path.abspath(workdir.rstrip("/")))
+    directory = os.path.join(parent, COMPILATION_CACHE_NAME)
+  os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  # Cache every program that took a tenth of a second (the default, 1 s, would skip most
+  # of an experiment's many small programs).
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  logging.getLogger(__name__).info("compilation cache: %s", directory)
+  return directory
+
+
 def main(train_fn) -> None:
   """The command line of an experiment script: `--config=FILE[:VARIANT] --workdir=DIR`.
 
@@ -250,12 +276,17 @@ def main(train_fn) -> None:
   config = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                            lock_config=True)
   workdir = flags.DEFINE_string("workdir", None, "run directory (resumes if it has checkpoints)")
+  cache = flags.DEFINE_string(
+      "compilation_cache", "auto", "directory of JAX's persistent compilation cache, shared by "
+      "runs: a rerun or a resume loads its programs instead of compiling them. 'auto': "
+      f"{COMPILATION_CACHE_NAME}/ beside the workdir; 'none': off")
   flags.mark_flags_as_required(["config", "workdir"])
 
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     setup_logging()
+    enable_compilation_cache(cache.value, workdir.value)
     train_fn(config.value, workdir.value)
 
   app.run(run)
