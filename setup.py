@@ -49,5 +49,9 @@ setup(
         # torch==2.13.0 resolves to the CPU build on the project's machines;
         # a looser torch requirement pulls the multi-GB CUDA build.
         "parity": ["torch==2.13.0", "accelerate>=1.0,<2"],
+        # Accelerators (`scripts/setup.sh cuda` / `tpu`): JAX with its CUDA 12 or TPU
+        # runtime in place of the CPU build.
+        "cuda": ["jax[cuda12]>=0.7,<0.11"],
+        "tpu": ["jax[tpu]>=0.7,<0.11"],
     },
 )

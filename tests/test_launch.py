@@ -1,0 +1,43 @@
+"""Launchers: their dry runs print the commands they would run; the SLURM script parses."""
+
+import subprocess
+
+import pytest
+
+from launch import slurm, tpu_vm
+
+EXPERIMENT = ["experiments.grpo", "--config=experiments/configs/grpo_arithmetic.py",
+              "--config.mesh.fsdp=-1", "--workdir=runs/x y"]
+
+
+def test_tpu_vm_dry_run_prints_every_step_and_runs_nothing(capsys):
+  assert tpu_vm.main(["--name=rl", "--zone=us-west4-a", "--dry_run", "--"] + EXPERIMENT) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("gcloud compute tpus tpu-vm describe rl --zone=us-west4-a || "
+                           "gcloud compute tpus tpu-vm create rl")
+  assert "--accelerator-type=v5litepod-8" in out[0]
+  assert out[1].startswith("git ls-files -z") and "tar -czf" in out[1]
+  assert "scp" in out[2] and "--worker=all" in out[2]
+  assert "--worker=all" in out[4] and "scripts/setup.sh tpu" in out[4]
+  assert "-m experiments.grpo" in out[4] and "'--workdir=runs/x y'" in out[4]
+
+
+def test_tpu_vm_refuses_a_multi_worker_slice_and_a_missing_experiment():
+  with pytest.raises(SystemExit, match="several workers"):
+    tpu_vm.main(["--name=rl", "--zone=z", "--accelerator=v5litepod-64", "--dry_run", "--"]
+                + EXPERIMENT)
+  with pytest.raises(SystemExit, match="experiment module"):
+    tpu_vm.main(["--name=rl", "--zone=z", "--dry_run", "--", "rm", "-rf"])
+
+
+def test_slurm_dry_run_prints_a_script_bash_accepts(capsys, tmp_path):
+  assert slurm.main(["--gpus=4", "--partition=gpu", "--dry_run", "--"] + EXPERIMENT) == 0
+  text = capsys.readouterr().out
+  assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --partition=gpu" in text
+  assert "scripts/setup.sh cuda" in text
+  assert "srun .venv/bin/python -m experiments.grpo" in text and "'--workdir=runs/x y'" in text
+  path = tmp_path / "job.sbatch"
+  path.write_text(text)
+  assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+  with pytest.raises(SystemExit, match="--gpus must be >= 1"):
+    slurm.main(["--gpus=0", "--dry_run", "--"] + EXPERIMENT)
