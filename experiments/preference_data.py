@@ -69,7 +69,7 @@ def validate(config) -> None:
               "max_new_tokens"):
     if g[key] < 1:
       raise ValueError(f"generation.{key} must be >= 1, got {g[key]}")
-  if g.answer_swaps < 0:
+  if g.get("answer_swaps", 0) < 0:
     raise ValueError(f"generation.answer_swaps must be >= 0, got {g.answer_swaps}")
 
 
@@ -167,7 +167,7 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
 
 
 def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[dict]:
-  if not config.generation.answer_swaps:
+  if not config.generation.get("answer_swaps", 0):
     return []
   return preferences.answer_swap_pairs(
       prompts, replies, ok, examples, config.generation.group_size,
@@ -176,17 +176,21 @@ def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[
       grade=grader(config))
 
 
+# Settings added after data was generated, and the value that data was made with.
+GENERATION_DEFAULTS = {"answer_swaps": 0}
+
+
 def generate_once(directory: str, settings: dict, generate) -> None:
   """Runs `generate()` (which writes `directory`, generation.json last) unless the directory
   is complete; data made with other `settings` is refused, never replaced (a run, or its
   resume, may be training on it)."""
   settings_file = os.path.join(directory, "generation.json")
-  current = json.loads(json.dumps(settings))
+  current = json.loads(json.dumps({**GENERATION_DEFAULTS, **settings}))
   if not os.path.exists(settings_file):
     generate()
     return
   with open(settings_file) as f:
-    saved = json.load(f)
+    saved = {**GENERATION_DEFAULTS, **json.load(f)}
   changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
   if changed:
     details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:6])
@@ -221,7 +225,11 @@ def _load_data(config, model: zoo.Model, workdir: str, progress: bool):
   train = preferences.load_pairs(os.path.join(directory, "train.jsonl"))
   held = preferences.load_pairs(os.path.join(directory, "eval.jsonl"))
   candidates = [row for _, row in read_objects(os.path.join(directory, "candidates.jsonl"))]
-  return train, held[: config.eval_size], candidates
+  # At most eval_size of each kind (the answer swaps come after the sampled pairs).
+  by_kind: dict[str, list[dict]] = {}
+  for pair in held:
+    by_kind.setdefault(pair.get("source", "sampled"), []).append(pair)
+  return train, [p for rows in by_kind.values() for p in rows[: config.eval_size]], candidates
 
 
 def greedy_accuracy(params, model: zoo.Model, candidates, config, progress: bool = False

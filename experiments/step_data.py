@@ -89,7 +89,10 @@ def sampler_continuations(model: zoo.Model, config, *, seed: int, desc: str,
                           progress: bool = True) -> ContinueFn:
   """A `continue_fn` sampling `generation.continuations` replies per prefix from the model
   (the prefix after the chat prompt, as plain text), `generation.batch_prompts` prefixes
-  per call."""
+  per call. Batch keys are fold_in(key(seed), start): a stream apart from the replies'
+  key(seed + start). Each step is tokenized apart from the next when the reward model
+  reads it (`steps.encode_steps`), but the prefix here as one text: the policy continues
+  the tokens it would have produced itself."""
   from tqdm import tqdm
 
   g, tok = config.generation, model.tokenizer
@@ -113,7 +116,7 @@ def sampler_continuations(model: zoo.Model, config, *, seed: int, desc: str,
       width = preferences.bucket_width(max(len(r) for r in rows))
       tokens, mask = tokenizer_lib.pad_left(rows, tok.pad_token_id, width)
       s = sampler_lib.generate(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(mask),
-                               jax.random.key(seed + start), sampling,
+                               jax.random.fold_in(jax.random.key(seed), start), sampling,
                                samples_per_prompt=g.continuations)
       texts = tokenizer_lib.decode_completions(tok, np.asarray(s.tokens), np.asarray(s.lengths),
                                                sampling.stop_tokens)
@@ -151,7 +154,7 @@ def generate_steps(config, model: zoo.Model, directory: str, progress: bool = Tr
         model, examples, config=config, temperature=g.temperature, group_size=n, seed=seed,
         desc=f"{name} replies", progress=progress)
     rows = label_steps(prompts, replies, ok, [ex for ex in examples for _ in range(n)],
-                       continue_fn=sampler_continuations(model, config, seed=seed + 1,
+                       continue_fn=sampler_continuations(model, config, seed=seed,
                                                          desc=f"{name} continuations",
                                                          progress=progress),
                        grade=grade, separator=config.step_separator, max_steps=config.max_steps)

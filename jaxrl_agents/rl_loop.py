@@ -292,9 +292,11 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     t0 = time.perf_counter()
     r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
     t1 = time.perf_counter()
-    # Rows split over the mesh's data x fsdp devices (no-op on one device).
+    # Rows split over the mesh's data x fsdp devices (no-op on one device); what the
+    # batch carries that is not per row (a baseline's state) stays as it is.
+    rows = r.traj.tokens.shape[0]
     r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
-    batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh)
+    batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh, rows=rows)
     state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
     update_metrics = jax.device_get(update_metrics)
     t2 = time.perf_counter()

@@ -187,13 +187,19 @@ def batch_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
   return PartitionSpec(BATCH_AXES)
 
 
-def shard_batch(tree: Any, mesh: Mesh | None) -> Any:
-  """Every array of `tree` split by its leading (row) axis over data x fsdp; unchanged when
-  `mesh` is None (one device)."""
+def shard_batch(tree: Any, mesh: Mesh | None, rows: int | None = None) -> Any:
+  """The arrays of `tree` split by their leading (row) axis over data x fsdp: all of them,
+  or with `rows` only those with that many rows (the rest, e.g. state carried in a batch,
+  stay where they are). Unchanged when `mesh` is None (one device)."""
   if mesh is None:
     return tree
-  return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, batch_spec(np.shape(x),
-                                                                                 mesh))), tree)
+
+  def place(x):
+    if rows is not None and (not np.shape(x) or np.shape(x)[0] != rows):
+      return x
+    return jax.device_put(x, NamedSharding(mesh, batch_spec(np.shape(x), mesh)))
+
+  return jax.tree.map(place, tree)
 
 
 def bytes_per_device(tree: Any) -> int:

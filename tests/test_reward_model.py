@@ -172,6 +172,8 @@ def test_pairs_from_groups_pairs_accepted_with_rejected_replies_of_the_same_prom
     ("30 is 30. So 30", "30", "7", "30 is 30. So 7"),  # the last occurrence
     ("The answer is 130.", "30", "7", None),  # inside a longer number
     ("The answer is 30.5", "5", "7", None),  # after a decimal point
+    ("It is 5.5", "5", "7", None),  # before one
+    ("It is 5.", "5", "7", "It is 7."),  # a full stop is not a decimal point
     ("The answer is -5", "-5", "5", "The answer is 5"),
     ("no number", "4", "5", None),
 ])

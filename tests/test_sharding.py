@@ -148,7 +148,7 @@ def _records(workdir, kind):
 
 
 def test_the_tiny_grpo_experiment_on_a_mesh_logs_what_one_device_logs_and_resumes_on_one(
-    tmp_path):
+    tmp_path, monkeypatch):
   """config.mesh is all it takes: the same rewards, losses and eval figures (float
   tolerance), a state placed by the rules, and a checkpoint written on 8 devices that
   resumes on one."""
@@ -161,7 +161,18 @@ def test_the_tiny_grpo_experiment_on_a_mesh_logs_what_one_device_logs_and_resume
   grpo.train(config, str(one), progress=False)
   config.mesh.update(dict(data=2, fsdp=2, tensor=2))
   meshed = tmp_path / "mesh"
+  placed = []
+  shard = sharding.shard
+
+  def spy(tree, mesh, *args, **kwargs):
+    out = shard(tree, mesh, *args, **kwargs)
+    if mesh is not None and hasattr(out, "params"):
+      placed.append(out.params["layers"][0]["wq"].sharding.spec)
+    return out
+
+  monkeypatch.setattr(sharding, "shard", spy)
   grpo.train(config, str(meshed), progress=False)
+  assert placed == [P("tensor", "fsdp")]  # the harness placed the train state
   keys = ("reward_mean", "accuracy", "loss", "grad_norm", "kl", "entropy")
   for a, b in zip(_records(one, "train"), _records(meshed, "train"), strict=True):
     for k in keys:
@@ -176,10 +187,17 @@ def test_the_tiny_grpo_experiment_on_a_mesh_logs_what_one_device_logs_and_resume
   assert [r["step"] for r in _records(meshed, "train")][-1] == config.steps
 
 
-def test_offline_trainers_shard_their_batches(tmp_path):
-  """The reward-model trainer on a mesh logs what it logs on one device."""
+def test_offline_trainers_on_a_mesh(tmp_path, monkeypatch):
+  """The reward-model trainer on a mesh logs what it logs on one device, and every offline
+  trainer splits its batches over the mesh."""
+  from experiments import dpo, process_reward_model, sft
   from experiments import reward_model as rm_experiment
-  from experiments.configs import reward_model_arithmetic
+  from experiments.configs import (
+      dpo_arithmetic,
+      process_reward_model_arithmetic,
+      reward_model_arithmetic,
+      sft_arithmetic,
+  )
 
   config = reward_model_arithmetic.get_config("tiny")
   config.pairs_per_step = 8
@@ -187,10 +205,29 @@ def test_offline_trainers_shard_their_batches(tmp_path):
   rm_experiment.train(config, str(tmp_path / "one"), progress=False)
   config.mesh.update(dict(data=2, fsdp=4))
   config.pairs_dir = str(tmp_path / "one" / "pairs")
+  split = []
+  shard_batch = sharding.shard_batch
+
+  def spy(tree, mesh, *args, **kwargs):
+    out = shard_batch(tree, mesh, *args, **kwargs)
+    if mesh is not None:
+      split.extend(x.sharding.spec for x in jax.tree.leaves(out) if np.ndim(x) == 2)
+    return out
+
+  monkeypatch.setattr(sharding, "shard_batch", spy)
   rm_experiment.train(config, str(tmp_path / "mesh"), progress=False)
   for a, b in zip(_records(tmp_path / "one", "train"), _records(tmp_path / "mesh", "train"),
                   strict=True):
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
+  assert split and all(spec == P(("data", "fsdp")) for spec in split)
+  for module, cfg_module in ((dpo, dpo_arithmetic), (sft, sft_arithmetic),
+                             (process_reward_model, process_reward_model_arithmetic)):
+    split.clear()
+    c = cfg_module.get_config("tiny")
+    c.steps, c.eval_every, c.checkpoint_every = 1, 0, 1
+    c.mesh.update(dict(data=2, fsdp=2))
+    module.train(c, str(tmp_path / module.__name__), progress=False)
+    assert split and all(spec == P(("data", "fsdp")) for spec in split), module.__name__
 
 
 def test_memory_plan_matches_the_parameter_count_and_the_cache_formula():

@@ -14,7 +14,7 @@ def add_pair_data(c: ml_collections.ConfigDict) -> None:
   # pairs_jsonl is empty they are generated from `task` (below).
   c.pairs_jsonl = ""
   c.eval_pairs_jsonl = ""  # held-out pairs (else the first eval_size training pairs)
-  c.eval_size = 1000  # held-out pairs scored per evaluation (at most)
+  c.eval_size = 1000  # held-out pairs scored per evaluation (at most, of each kind)
   # Generated pairs: the model samples `group_size` replies per question, the
   # grader splits them into accepted and rejected. They are written to
   # `pairs_dir` (default <workdir>/pairs) and reused while the settings match.

@@ -112,7 +112,8 @@ def swap_answer(response: str, answer: str, wrong: str) -> str | None:
   if not answer:
     return None
   last = None
-  for match in re.finditer(r"(?<![0-9.])" + re.escape(answer) + r"(?![0-9])", response):
+  for match in re.finditer(r"(?<![0-9.])" + re.escape(answer) + r"(?![0-9]|\.[0-9])",
+                           response):
     last = match
   if last is None:
     return None
