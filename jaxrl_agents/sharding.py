@@ -122,6 +122,8 @@ def spec_for(name: str, shape: Sequence[int], mesh: Mesh | Mapping[str, int],
   sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else dict(mesh)
   for pattern, axes in rules:
     if re.search(pattern, name):
+      if len(shape) == len(axes) + 1 and re.search(r"(^|/)layers/[^/]+$", name):
+        axes = (None, *axes)  # the stacked layout's leading layer axis stays whole
       if len(axes) > len(shape):
         return PartitionSpec()  # e.g. a scalar where the rule expects a matrix
       dims: list[Any] = [None] * len(shape)

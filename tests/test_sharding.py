@@ -51,6 +51,8 @@ def test_rules_shard_weights_and_keep_what_does_not_divide_whole(tiny):
   assert sharding.spec_for("layers/0/wk", (36, 64), mesh3) == P(None, "tensor")
   assert sharding.spec_for("embed", (49152, 576), {"data": 1, "fsdp": 256, "tensor": 1}) == \
       P("fsdp")
+  # The stacked layout's leading layer axis stays whole.
+  assert sharding.spec_for("layers/wq", (2, 64, 64), mesh) == P(None, "tensor", "fsdp")
   # Optimizer moments sit under paths ending the same way.
   assert sharding.spec_for("opt_state/0/mu/layers/1/wo", (64, 64), mesh) == P("fsdp", "tensor")
 

@@ -257,3 +257,39 @@ def test_bad_shapes_raise_clear_errors(tiny_model):
     transformer.apply(params, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 3), jnp.int32), cfg)
   with pytest.raises(ValueError, match="multiple of n_kv_heads"):
     cfg.replace(n_heads=5)
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_the_stacked_layout_gives_the_same_logits_and_gradients(remat):
+  """One lax.scan over stacked layers (rematerialized or not) against the per-layer list."""
+  from jaxrl_agents.models import zoo
+
+  model = zoo.load("tiny-qwen2")  # q/k/v biases too
+  cfg, params = model.cfg, model.params
+  stacked = transformer.stack_layers(params)
+  assert transformer.is_stacked(stacked) and stacked["layers"]["wq"].shape[0] == cfg.n_layers
+  tokens = jnp.asarray([[0, 0, 5, 9, 3, 7], [4, 8, 1, 2, 6, 3]])
+  mask = jnp.asarray([[False, False, True, True, True, True], [True] * 6])
+  positions = transformer.positions_from_mask(mask)
+  segments = mask.astype(jnp.int32)
+
+  def loss(p, **kw):
+    logits, _ = transformer.apply(p, tokens, positions, cfg, segment_ids=segments, **kw)
+    return jnp.where(mask[..., None], jax.nn.log_softmax(logits), 0.0).sum() * -1e-3, logits
+
+  (l0, logits0), g0 = jax.value_and_grad(loss, has_aux=True)(params)
+  (l1, logits1), g1 = jax.jit(jax.value_and_grad(
+      lambda p: loss(p, remat=remat), has_aux=True))(stacked)
+  np.testing.assert_allclose(np.asarray(logits1), np.asarray(logits0), rtol=1e-5, atol=1e-5)
+  assert float(l1) == pytest.approx(float(l0), rel=1e-5)
+  g1 = transformer.unstack_layers(g1)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  # A pass with a cache reads stacked params too (unstacked inside).
+  cached, _ = transformer.apply(stacked, tokens, positions, cfg, segment_ids=segments,
+                                new_cache_len=8)
+  np.testing.assert_allclose(np.asarray(cached), np.asarray(logits0), rtol=1e-5, atol=1e-5)
+  assert transformer.unstack_layers(stacked)["layers"][1]["wq"].shape == \
+      params["layers"][1]["wq"].shape
+  with pytest.raises(ValueError, match="remat must be one of"):
+    transformer.apply(stacked, tokens, positions, cfg, remat="some")

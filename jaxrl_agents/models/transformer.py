@@ -32,6 +32,14 @@ layer loop costs compile time, not run time. Why [out, in]: contracting the
 last axis of both operands is the faster layout for bf16 and small batches
 on this backend, and it matches Hugging Face checkpoints without transposes.
 
+For accelerators there is the stacked layout as well (`stack_layers`):
+"layers" is one dict of arrays with a leading layer axis, f[L, ...], and the
+cacheless forward (training, scoring) runs one `lax.scan` over it, with the
+layer body rematerialized in the backward pass when `remat` asks: compile time
+no longer grows with depth, and activation memory is traded for compute. A
+pass with a cache unstacks first (a slice per layer). `is_stacked` tells the
+layouts apart; both give the same logits and gradients.
+
 The KV cache is an explicit pytree (see `init_cache`): per-layer key/value
 buffers over ``S`` slots, a per-slot validity mask and the next write slot.
 A batch moves through the cache in lockstep (left-padded prompts), so a single
@@ -363,6 +371,36 @@ def lm_head(params: Params, hidden: jax.Array, cfg: TransformerConfig) -> jax.Ar
                     preferred_element_type=jnp.float32)
 
 
+def is_stacked(params: Params) -> bool:
+  """Whether `params` are in the stacked layout ("layers": one dict of f[L, ...])."""
+  return isinstance(params["layers"], dict)
+
+
+def stack_layers(params: Params) -> Params:
+  """The stacked layout: the per-layer dicts as one dict of arrays f[L, ...]."""
+  if is_stacked(params):
+    return params
+  layers = params["layers"]
+  return {**params, "layers": {k: jnp.stack([layer[k] for layer in layers]) for k in layers[0]}}
+
+
+def unstack_layers(params: Params) -> Params:
+  """The per-layer list layout (the CPU default) of stacked params."""
+  if not is_stacked(params):
+    return params
+  stacked = params["layers"]
+  n = next(iter(stacked.values())).shape[0]
+  return {**params, "layers": [{k: v[i] for k, v in stacked.items()} for i in range(n)]}
+
+
+# Rematerialization of the stacked layer body in the backward pass.
+REMAT_POLICIES = {
+    "none": None,  # keep every activation
+    "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole layer
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+}
+
+
 def apply(
     params: Params,
     tokens: jax.Array,
@@ -375,6 +413,7 @@ def apply(
     new_cache_len: int | None = None,
     cache_dtype: str | None = None,
     num_positions: int | None = None,
+    remat: str = "none",
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder.
 
@@ -406,6 +445,8 @@ def apply(
     num_positions: optional static bound, every position < num_positions
       (a larger one reads out of range): the rotations then come from a table
       (see `rope_tables`), faster on CPU.
+    remat: with stacked params and no cache, what the scanned layer keeps for
+      the backward pass (`REMAT_POLICIES`: "none", "full", "dots").
 
   Returns:
     (logits or hidden states, the updated cache or None).
@@ -425,8 +466,15 @@ def apply(
   x = params["embed"][tokens].astype(dtype)
   token_valid = segment_ids != 0
 
-  if len(params["layers"]) != cfg.n_layers:
-    raise ValueError(f"params have {len(params['layers'])} layers, config says {cfg.n_layers}")
+  if remat not in REMAT_POLICIES:
+    raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+  scan_layers = is_stacked(params) and cache is None and new_cache_len is None
+  if is_stacked(params) and not scan_layers:
+    params = unstack_layers(params)  # cache passes index each layer's buffers
+  n_layers = (next(iter(params["layers"].values())).shape[0] if scan_layers
+              else len(params["layers"]))
+  if n_layers != cfg.n_layers:
+    raise ValueError(f"params have {n_layers} layers, config says {cfg.n_layers}")
 
   def block(x, layer, k_fn):
     """One pre-norm decoder layer; k_fn(k, v) -> (keys, values, allowed, slots_last)."""
@@ -451,8 +499,17 @@ def apply(
       new_v.append(values)
       return keys, values, allowed, False
 
-    for layer in params["layers"]:
-      x = block(x, layer, k_fn)
+    if scan_layers:
+      def body(x, layer):
+        keys_values = lambda k, v: (heads_first(k), heads_first(v), allowed, False)
+        return block(x, layer, keys_values), None
+
+      if remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
+      x, _ = jax.lax.scan(body, x, params["layers"])
+    else:
+      for layer in params["layers"]:
+        x = block(x, layer, k_fn)
     new_cache = None
     if new_cache_len is not None:
       dt = _as_dtype(cache_dtype or cfg.dtype)
