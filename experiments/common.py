@@ -14,7 +14,7 @@ from jaxrl_agents import data as data_lib
 from jaxrl_agents import harness, registry, rl_loop, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import rewards as rewards_lib
-from jaxrl_agents.models import zoo
+from jaxrl_agents.models import transformer, zoo
 from jaxrl_agents.rewards import learned as learned_rewards
 from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import single_turn
@@ -98,9 +98,26 @@ def validate_common(config) -> None:
                      f"minibatches = {config.minibatches} (or set share_prompt=False)")
 
 
+LAYOUTS = ("list", "stacked")
+
+
 def load_model(config) -> zoo.Model:
-  """The policy model; on `config.mesh` (more than one device) its weights load sharded."""
-  return zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
+  """The policy model; on `config.mesh` (more than one device) its weights load sharded;
+  `config.layout` "stacked" runs its layers as one lax.scan, rematerialized by
+  `config.remat` (`transformer.stack_layers`; for accelerators)."""
+  layout, remat = config.get("layout", "list"), config.get("remat", "none")
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  if remat not in transformer.REMAT_POLICIES:
+    raise ValueError(f"remat must be one of {sorted(transformer.REMAT_POLICIES)}, got "
+                     f"{remat!r}")
+  if remat != "none" and layout != "stacked":
+    raise ValueError(f"remat={remat!r} applies to the stacked layout; set layout='stacked'")
+  model = zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
+  if layout == "stacked":
+    model.params = transformer.stack_layers(model.params)
+    model.cfg = model.cfg.replace(remat=remat)
+  return model
 
 
 def task_examples(config):

@@ -416,3 +416,35 @@ def test_every_shipped_config_validates(module, variant):
   config.time_budget_s = -1.0
   with pytest.raises(ValueError, match="time_budget_s must be >= 0"):
     (ppo if module.startswith("ppo") else grpo).validate(config)
+
+
+def test_the_stacked_layout_runs_the_tiny_grpo_and_reward_model_experiments_alike(tmp_path):
+  """config.layout="stacked" (one lax.scan over layers, rematerialized) logs what the
+  per-layer list logs, for GRPO and for a reward model with frozen layers; a stacked
+  run exports the same Hugging Face weights layout."""
+  from experiments import grpo
+  from experiments import reward_model as rm_experiment
+  from experiments.configs import grpo_arithmetic, reward_model_arithmetic
+  from jaxrl_agents import metrics as metrics_lib
+
+  def train_records(workdir):
+    return [r for r in metrics_lib.read_jsonl(workdir / "metrics.jsonl") if r["kind"] == "train"]
+
+  for name, module, config in (("grpo", grpo, grpo_arithmetic.get_config("tiny")),
+                               ("rm", rm_experiment, reward_model_arithmetic.get_config("tiny"))):
+    config.optimizer.eps = 1e-4  # Adam's first step is a smooth function of the gradient
+    module.train(config, str(tmp_path / f"{name}_list"), progress=False)
+    config.layout, config.remat = "stacked", "full"
+    if name == "rm":
+      config.pairs_dir = str(tmp_path / "rm_list" / "pairs")
+    module.train(config, str(tmp_path / f"{name}_stacked"), progress=False)
+    for a, b in zip(train_records(tmp_path / f"{name}_list"),
+                    train_records(tmp_path / f"{name}_stacked"), strict=True):
+      assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-6), (name, a["step"])
+  config = grpo_arithmetic.get_config("tiny")
+  config.remat = "full"
+  with pytest.raises(ValueError, match="applies to the stacked layout"):
+    grpo.train(config, str(tmp_path / "bad"), progress=False)
+  from jaxrl_agents import export
+  export.main(["--workdir", str(tmp_path / "grpo_stacked"), "--out", str(tmp_path / "hf")])
+  assert (tmp_path / "hf" / "model.safetensors").exists()

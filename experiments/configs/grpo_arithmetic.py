@@ -121,6 +121,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # optimizer moments over fsdp (and tensor); -1 takes the devices left over. All
   # 1: one device.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+  # Layers as a per-layer list (fastest on CPU) or "stacked" under one lax.scan (for
+  # accelerators: compile time independent of depth), the scanned layer rematerialized
+  # in the backward pass by `remat` ("none", "full", "dots").
+  c.layout = "list"
+  c.remat = "none"
 
   # Wall-clock: stop after this much training time (rollouts and updates,
   # evaluation excluded), and evaluate each time it crosses a multiple of

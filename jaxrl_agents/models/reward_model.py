@@ -56,6 +56,11 @@ def freeze(backbone, frozen_layers: int):
     return backbone
   out = dict(backbone)
   out["embed"] = jax.lax.stop_gradient(backbone["embed"])
+  if transformer.is_stacked(backbone):  # the first k rows of each stacked array
+    out["layers"] = {name: jnp.concatenate([jax.lax.stop_gradient(w[:frozen_layers]),
+                                            w[frozen_layers:]])
+                     for name, w in backbone["layers"].items()}
+    return out
   out["layers"] = [jax.lax.stop_gradient(layer) if i < frozen_layers else layer
                    for i, layer in enumerate(backbone["layers"])]
   return out

@@ -88,6 +88,8 @@ class TransformerConfig:
     param_dtype: storage dtype of the parameters.
     dtype: compute dtype of activations and matmul inputs. Matmuls accumulate
       in float32 whatever this is; norms, softmax and logits are float32.
+    remat: what the stacked layout's scanned layer keeps for the backward pass
+      (`REMAT_POLICIES`); the per-layer list ignores it.
   """
 
   vocab_size: int
@@ -105,6 +107,7 @@ class TransformerConfig:
   max_seq_len: int = 2048
   param_dtype: str = "float32"
   dtype: str = "float32"
+  remat: str = "none"
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -413,7 +416,7 @@ def apply(
     new_cache_len: int | None = None,
     cache_dtype: str | None = None,
     num_positions: int | None = None,
-    remat: str = "none",
+    remat: str | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder.
 
@@ -446,7 +449,8 @@ def apply(
       (a larger one reads out of range): the rotations then come from a table
       (see `rope_tables`), faster on CPU.
     remat: with stacked params and no cache, what the scanned layer keeps for
-      the backward pass (`REMAT_POLICIES`: "none", "full", "dots").
+      the backward pass (`REMAT_POLICIES`: "none", "full", "dots"); default
+      `cfg.remat`.
 
   Returns:
     (logits or hidden states, the updated cache or None).
@@ -466,6 +470,7 @@ def apply(
   x = params["embed"][tokens].astype(dtype)
   token_valid = segment_ids != 0
 
+  remat = cfg.remat if remat is None else remat
   if remat not in REMAT_POLICIES:
     raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
   scan_layers = is_stacked(params) and cache is None and new_cache_len is None
@@ -595,6 +600,7 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   if tokens.ndim != 1 or positions.shape != tokens.shape:
     raise ValueError(f"tokens and positions must be int[B], got {tokens.shape} and "
                      f"{positions.shape}")
+  params = unstack_layers(params)  # decoding indexes each layer's buffers
   if len(params["layers"]) != cfg.n_layers:
     raise ValueError(f"params have {len(params['layers'])} layers, config says {cfg.n_layers}")
   b = tokens.shape[0]
@@ -668,7 +674,7 @@ def fuse_projections(params: Params) -> Params:
   matrices (the checkpoint layout).
   """
   layers = []
-  for layer in params["layers"]:
+  for layer in unstack_layers(params)["layers"]:
     fused = {k: v for k, v in layer.items()
              if k not in ("wq", "wk", "wv", "bq", "bk", "bv", "w_gate", "w_up")}
     fused["wqkv"] = jnp.concatenate([layer["wq"], layer["wk"], layer["wv"]])

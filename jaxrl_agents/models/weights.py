@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_agents.models.transformer import TransformerConfig
+from jaxrl_agents.models.transformer import TransformerConfig, unstack_layers
 
 # Our per-layer names -> the Hugging Face module path under model.layers.{i}.
 _HF_LAYER_NAMES = {
@@ -212,7 +212,7 @@ def save_hf_dir(params: dict, cfg: TransformerConfig, out_dir: str, tokenizer=No
   from safetensors.numpy import save_file
 
   os.makedirs(out_dir, exist_ok=True)
-  host = _to_numpy(params)
+  host = _to_numpy(unstack_layers(params))
   tensors = {
       "model.embed_tokens.weight": host["embed"],
       "model.norm.weight": host["final_norm"],
