@@ -18,7 +18,8 @@ README's "Main job" section.
 Variants (`--config=...grpo_arithmetic.py:VARIANT`):
   reward_model   the reward is a trained reward model alone (no verifier): the run of
          `experiments/reward_model.py` in --config.rewards.reward_model.workdir
-         (default runs/rm_arithmetic), its checkpoint `step` (0: the newest).
+         (default runs/rm_arithmetic), its checkpoint `step` (0: the newest);
+         KL 0.1 to the initial policy, 10 training minutes.
   tiny   the tiny random model, 3 prompts x 4 rollouts, 16 new tokens: a smoke
          test of every artifact in about 20 s. Its reward varies (`tiny_reward`),
          so the smoke tests run a real update.
@@ -152,6 +153,13 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     # A trained reward model is the only reward; the grader still measures accuracy.
     c.rewards = ml_collections.ConfigDict(
         {"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic", "step": 0}})
+    # The policy finds what the reward model overrates (a wrong number in the right
+    # form) within minutes: a KL penalty to the initial policy slows that, and the run
+    # stops at 10 training minutes, where held-out accuracy peaked (README).
+    c.kl_coef = 0.1
+    c.time_budget_s = 600.0
+    c.eval_every, c.eval_every_s = 0, 300.0
+    c.steps = 1000
     return c
   if variant:
     raise ValueError(f"unknown variant {variant!r}; expected 'tiny', 'reward_model' or none")
