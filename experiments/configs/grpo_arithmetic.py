@@ -155,7 +155,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
         {"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic", "step": 0}})
     # The policy finds what the reward model overrates (a wrong number in the right
     # form) within minutes: a KL penalty to the initial policy slows that, and the run
-    # stops at 10 training minutes, where held-out accuracy peaked (README).
+    # stops at 10 training minutes. Measured (README): two seeds of three were 8-11
+    # points above the start there, the third had collapsed.
     c.kl_coef = 0.1
     c.time_budget_s = 600.0
     c.eval_every, c.eval_every_s = 0, 300.0
