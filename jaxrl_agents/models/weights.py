@@ -144,11 +144,13 @@ def _collect_layers(get, cfg: TransformerConfig, names: dict[str, str], prefix: 
 
 
 def check_params(params: dict, cfg: TransformerConfig, source: str = "params") -> None:
-  """Raises ValueError naming `source`, the weight and both shapes on any mismatch with `cfg`."""
+  """Raises ValueError naming `source`, the weight and both shapes on any mismatch with `cfg`
+  (stacked params are checked layer by layer)."""
   import jax
 
   from jaxrl_agents.models import transformer
 
+  params = unstack_layers(params)
   expected = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
   if len(params.get("layers", [])) != cfg.n_layers:
     raise ValueError(f"{source}: {len(params.get('layers', []))} layers, but the config has "
