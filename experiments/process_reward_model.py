@@ -120,24 +120,17 @@ class ProcessRewardModelTrainer:
     self.config, self.model = config, model
     self.s = s = settings_from_config(config, model.cfg)
     self.held_rows, self.candidates = held_rows, candidates
-    self.optimizer = optim_lib.make_optimizer(
-        total_updates=config.steps * config.minibatches, **config.optimizer,
-        groups={"head": {"learning_rate": config.reward_model.head_learning_rate}},
-        label_fn=rm_experiment.head_labels)
+    self.optimizer = rm_experiment.make_optimizer(config)
     loss = functools.partial(step_loss, cfg=model.cfg, s=s)
     self._update = jax.jit(functools.partial(
         optim_lib.update_state, self.optimizer, loss, epochs=1, minibatches=config.minibatches),
         donate_argnums=0)
     self._score = jax.jit(functools.partial(scores_of, cfg=model.cfg, s=s))
-    self.read_answer = preference_data.ANSWER_READERS.get(config.grader)
     self.data = make_loader(train_rows, batch_size=config.rows_per_step, seed=config.seed)
     self.mesh = sharding.for_config(config)
 
   def init_state(self) -> rm_experiment.RMState:
-    params = rm_lib.init(self.model.params, jax.random.key(self.config.seed), self.model.cfg,
-                         head_scale=self.config.reward_model.head_scale)
-    return rm_experiment.RMState(params=params, opt_state=self.optimizer.tx.init(params),
-                                 updates=jnp.zeros((), jnp.int32))
+    return rm_experiment.init_state(self.config, self.model, self.optimizer)
 
   def train_step(self, state, rng, progress: float) -> harness.StepResult:
     rows = next(self.data)

@@ -132,6 +132,24 @@ def head_labels(params) -> dict:
           for name, tree in params.items()}
 
 
+def make_optimizer(config) -> optim_lib.Optimizer:
+  """AdamW for a reward model: the backbone at the optimizer's rate, the head at
+  `reward_model.head_learning_rate` (from zero, the backbone's rate would take hundreds
+  of steps to give the rewards any scale)."""
+  return optim_lib.make_optimizer(
+      total_updates=config.steps * config.minibatches, **config.optimizer,
+      groups={"head": {"learning_rate": config.reward_model.head_learning_rate}},
+      label_fn=head_labels)
+
+
+def init_state(config, model: zoo.Model, optimizer: optim_lib.Optimizer) -> RMState:
+  """A fresh reward model on a copy of the policy model's backbone, and its optimizer state."""
+  params = rm_lib.init(model.params, jax.random.key(config.seed), model.cfg,
+                       head_scale=config.reward_model.head_scale)
+  return RMState(params=params, opt_state=optimizer.tx.init(params),
+                 updates=jnp.zeros((), jnp.int32))
+
+
 class RewardModelTrainer:
   """Bradley-Terry training of an outcome reward model: harness callbacks over jitted steps."""
 
@@ -139,12 +157,7 @@ class RewardModelTrainer:
     self.config, self.model = config, model
     self.s = s = settings_from_config(config, model.cfg)
     self.held_pairs, self.candidates = held_pairs, candidates
-    # The fresh head learns at its own rate: from zero, the backbone's rate would take
-    # hundreds of steps to give the rewards any scale.
-    self.optimizer = optim_lib.make_optimizer(
-        total_updates=config.steps * config.minibatches, **config.optimizer,
-        groups={"head": {"learning_rate": config.reward_model.head_learning_rate}},
-        label_fn=head_labels)
+    self.optimizer = make_optimizer(config)
     loss = functools.partial(bt_loss, cfg=model.cfg, s=s)
     self._update = jax.jit(functools.partial(
         optim_lib.update_state, self.optimizer, loss, epochs=1, minibatches=config.minibatches),
@@ -155,10 +168,7 @@ class RewardModelTrainer:
     self.mesh = sharding.for_config(config)
 
   def init_state(self) -> RMState:
-    params = rm_lib.init(self.model.params, jax.random.key(self.config.seed), self.model.cfg,
-                         head_scale=self.config.reward_model.head_scale)
-    return RMState(params=params, opt_state=self.optimizer.tx.init(params),
-                   updates=jnp.zeros((), jnp.int32))
+    return init_state(self.config, self.model, self.optimizer)
 
   def train_step(self, state: RMState, rng, progress: float) -> harness.StepResult:
     pairs = next(self.data)
