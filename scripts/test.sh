@@ -8,8 +8,13 @@ scripts/setup.sh test,parity
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -X faulthandler -m pytest -q "$@"
 fi
-# The whole suite as two processes, each starting with fresh XLA state: one process
-# holding the compiled programs of every test crashed once inside XLA's CPU compiler
-# (a segfault in backend_compile, in a test that passes alone; not diagnosed yet).
-.venv/bin/python -X faulthandler -m pytest -q tests/test_[a-m]*.py
-.venv/bin/python -X faulthandler -m pytest -q tests/test_[n-z]*.py
+# The whole suite as four processes, each starting with fresh XLA state: a process
+# holding the compiled programs of many tests has crashed inside XLA's CPU compiler
+# (a segfault in backend_compile_and_load, each time in a test that passes alone; the
+# second time, with half the suite per process, in test_turn_credit's PPO run; not
+# diagnosed yet). Every process runs even when an earlier one fails.
+status=0
+for group in "[a-e]" "[f-m]" "[n-r]" "[s-z]"; do
+  .venv/bin/python -X faulthandler -m pytest -q tests/test_${group}*.py || status=1
+done
+exit $status
