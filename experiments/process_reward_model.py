@@ -201,9 +201,7 @@ def validate(config) -> None:
                      "their own held-out rows")
   if config.score_batch_size < 1:
     raise ValueError(f"score_batch_size must be >= 1, got {config.score_batch_size}")
-  if config.reward_model.frozen_layers and config.optimizer.weight_decay:
-    raise ValueError("optimizer.weight_decay > 0 would shrink the frozen layers too; set it to "
-                     "0 or reward_model.frozen_layers to 0")
+  rm_experiment.check_frozen_layers_decay(config)
   if not config.steps_jsonl:
     preference_data.grader(config)  # names a mistyped grader
     g = config.generation

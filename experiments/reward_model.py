@@ -215,12 +215,17 @@ class RewardModelTrainer:
     return optim_lib.nonfinite_count(state)
 
 
-def validate(config) -> None:
-  harness.validate_run_keys(config)
-  preference_data.validate(config)
+def check_frozen_layers_decay(config) -> None:
+  """Weight decay would shrink the frozen layers too (they get no gradient, not no update)."""
   if config.reward_model.frozen_layers and config.optimizer.weight_decay:
     raise ValueError("optimizer.weight_decay > 0 would shrink the frozen layers too; set it to "
                      "0 or reward_model.frozen_layers to 0")
+
+
+def validate(config) -> None:
+  harness.validate_run_keys(config)
+  preference_data.validate(config)
+  check_frozen_layers_decay(config)
   if config.vote_temperature <= 0:
     raise ValueError(f"vote_temperature must be > 0, got {config.vote_temperature}")
 

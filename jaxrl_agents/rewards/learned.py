@@ -64,6 +64,15 @@ def check_workdir(workdir: str) -> None:
     raise FileNotFoundError(f"reward_model: {workdir} has no checkpoint yet")
 
 
+def _padded_batches(columns: Sequence[Sequence[Any]], batch_size: int):
+  """(real rows, the columns' next batch_size rows): the last batch padded with copies of
+  its first row, so every batch has one shape and repeated scoring compiles a few."""
+  for start in range(0, len(columns[0]), batch_size):
+    chunk = [list(c[start:start + batch_size]) for c in columns]
+    rows = len(chunk[0])
+    yield rows, [c + [c[0]] * (batch_size - rows) for c in chunk]
+
+
 def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequence[str], *,
                 max_len: int, chat: bool, system: str | None, batch_size: int) -> np.ndarray:
   """f32[B] `score_fn(params, tokens, mask, reply)` of (prompt, response) texts, in batches of
@@ -74,12 +83,7 @@ def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequen
   from jaxrl_agents.data import preferences
 
   out = []
-  for start in range(0, len(prompts), batch_size):
-    p = list(prompts[start:start + batch_size])
-    r = list(responses[start:start + batch_size])
-    rows = len(p)
-    p += [p[0]] * (batch_size - rows)
-    r += [r[0]] * (batch_size - rows)
+  for rows, (p, r) in _padded_batches((prompts, responses), batch_size):
     e = preferences.encode_texts(tok, p, r, max_len=max_len, chat=chat, system=system)
     out.append(np.asarray(score_fn(params, jnp.asarray(e.tokens), jnp.asarray(e.mask),
                                    jnp.asarray(e.response)))[:rows])
@@ -98,11 +102,7 @@ def score_steps(score_fn, params, tok, prompts: Sequence[str],
   from jaxrl_agents.data import steps as steps_lib
 
   scores, masks = [], []
-  for start in range(0, len(prompts), batch_size):
-    p, st = list(prompts[start:start + batch_size]), list(step_lists[start:start + batch_size])
-    rows = len(p)
-    p += [p[0]] * (batch_size - rows)
-    st += [st[0]] * (batch_size - rows)
+  for rows, (p, st) in _padded_batches((prompts, step_lists), batch_size):
     e = steps_lib.encode_steps(tok, p, st, max_len=max_len, max_steps=max_steps, chat=chat,
                                system=system)
     out = score_fn(params, *(jnp.asarray(x) for x in (e.tokens, e.mask, e.ends, e.step_mask)))
