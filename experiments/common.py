@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import harness, registry, rl_loop, sharding
+from jaxrl_agents import distributed, harness, registry, rl_loop, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import transformer, zoo
@@ -303,6 +303,7 @@ def main(train_fn) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     setup_logging()
+    distributed.initialize_from_env()  # several processes, when launched as such
     enable_compilation_cache(cache.value, workdir.value)
     train_fn(config.value, workdir.value)
 

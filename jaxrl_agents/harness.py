@@ -45,6 +45,7 @@ What a run guarantees about its workdir:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -60,7 +61,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxrl_agents import checkpointing, sharding
+from jaxrl_agents import checkpointing, distributed, sharding
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import workdir as workdir_lib
 
@@ -296,8 +297,10 @@ class _Run:
                               "checkpoints/N.unreadable")
     # Log lines past the checkpoint would be repeated: they move aside, and
     # TensorBoard hides its events from the next step on.
+    main = distributed.is_main()
     moved = metrics_lib.MetricWriter(
-        self.workdir, tensorboard=False).truncate_after(self.step)
+        self.workdir, tensorboard=False).truncate_after(self.step) if main else None
+    distributed.barrier("logs truncated")  # every process then reads the same logs
     self.last_eval_step = max((rec["step"] for rec in metrics_lib.read_jsonl(
         os.path.join(self.workdir, metrics_lib.METRICS_FILE)) if rec.get("kind") == "eval"),
         default=-1)
@@ -306,7 +309,8 @@ class _Run:
                   self.step, moved)
     self.writer = metrics_lib.MetricWriter(
         self.workdir, tensorboard=self.config.get("tensorboard", True),
-        purge_step=self.step + 1 if restored is not None else None)
+        purge_step=self.step + 1 if restored is not None else None) if main \
+        else metrics_lib.SilentWriter()
     if self.eval_every_s:
       self.next_timed_eval = (math.floor(self.train_time / self.eval_every_s) + 1) \
           * self.eval_every_s
@@ -398,29 +402,45 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     The last eval record ({} when evaluation is off).
   """
   validate_run_keys(config)
-  with workdir_lib.WorkdirLock(workdir):
-    ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
-    if config.get("start_over", False) and _start_over(config, workdir, ckpt):
-      ckpt.close()  # its directory moved: open a fresh one
-      ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  # With several processes (`distributed`), the first holds the lock and writes the logs;
+  # all of them run the same steps and write the checkpoints together.
+  main = distributed.is_main()
+  with workdir_lib.WorkdirLock(workdir) if main else contextlib.nullcontext():
+    ckpt = _start_over_if_asked(config, workdir)
     try:
       saved = ckpt.latest_meta()
       if saved is not None:
         check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir)
-      elif not ckpt.steps() and _has_logs(workdir):
+      elif not ckpt.steps() and _has_logs(workdir) and main:
         _logs_without_checkpoint(config, workdir)
+      distributed.barrier("workdir checked")
       r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count)
       mesh = sharding.for_config(config)  # the state lives sharded by the rules on it
       r.restore(lambda: sharding.shard(init_state(), mesh))
-      with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(config_to_dict(config), f, indent=2)
+      if main:
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+          json.dump(config_to_dict(config), f, indent=2)
       try:
-        _loop(r, train_step, postfix, finite_keys, progress)
+        _loop(r, train_step, postfix, finite_keys, progress and main)
       finally:
         r.writer.close()
     finally:
       ckpt.close()
   return r.last_eval
+
+
+def _start_over_if_asked(config, workdir: str) -> checkpointing.Checkpointer:
+  """The run's Checkpointer, after moving the previous run aside for config.start_over
+  (the first process moves; the others wait for it)."""
+  ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  if not config.get("start_over", False):
+    return ckpt
+  moved = _start_over(config, workdir, ckpt) if distributed.is_main() else True
+  distributed.barrier("start_over")
+  if moved:
+    ckpt.close()  # its directory moved: open a fresh one
+    ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  return ckpt
 
 
 def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str],
@@ -448,7 +468,10 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
         compile_before, t0 = compile_seconds(), time.perf_counter()
         result = train_step(r.state, jax.random.fold_in(base_rng, r.step),
                             r.train_time / r.budget if r.budget > 0 else r.step / config.steps)
-        seconds = time.perf_counter() - t0
+        # Every process decides the schedule (evaluations, checkpoints, the time budget,
+        # SIGTERM) from the first process's clock and any process's SIGTERM, in lockstep.
+        seconds, stop = distributed.agree(time.perf_counter() - t0, preemption.requested)
+        preemption.requested = stop
         r.state, r.step, r.train_time = result.state, r.step + 1, r.train_time + seconds
         r.log_step(result, seconds, compile_seconds() - compile_before)
         shown = {k: f"{result.record[k]:.3f}" for k in postfix if k in result.record}

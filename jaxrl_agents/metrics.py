@@ -127,3 +127,18 @@ class MetricWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+class SilentWriter:
+  """A MetricWriter that writes nothing: every process but the first in a multi-process
+  run (`distributed.is_main`) computes the same records and leaves the writing to it."""
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any], kind: str = "train") -> None:
+    del step, scalars, kind
+
+  def write_samples(self, step: int, samples: list[Mapping[str, Any]], kind: str = "train"
+                    ) -> None:
+    del step, samples, kind
+
+  def close(self) -> None:
+    pass

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import credit, harness, sharding, types
+from jaxrl_agents import credit, distributed, harness, sharding, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
@@ -127,7 +127,7 @@ def par_shaped(r: Rollout, reference_rewards: np.ndarray, group_size: int) -> Ro
 
 def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[str, float]:
   """Reward, accuracy and length statistics of a rollout batch."""
-  lengths = np.asarray(r.traj.policy_mask).sum(-1)
+  lengths = distributed.to_host(r.traj.policy_mask).sum(-1)
   out = {
       "reward_mean": float(r.rewards.mean()),
       "reward_std": float(r.rewards.std()),
@@ -300,7 +300,8 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
     update_metrics = jax.device_get(update_metrics)
     t2 = time.perf_counter()
-    generated = int(np.asarray(r.traj.policy_mask).sum())
+    generated = int(distributed.to_host(r.traj.policy_mask).sum())
+    attended = int(distributed.to_host(r.traj.valid).sum())
     record = {
         **rollout_metrics(r, config.group_size, objective_lib.policy_token_budget(config)),
         **extra,
@@ -308,8 +309,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         "skipped_updates": algorithm.nonfinite_count(state)[1],
         "rollout_time_s": t1 - t0, "update_time_s": t2 - t1,
         "rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
-        "update_tokens_per_s": int(np.asarray(r.traj.valid).sum()) * config.get("epochs", 1)
-                               / max(t2 - t1, 1e-9),
+        "update_tokens_per_s": attended * config.get("epochs", 1) / max(t2 - t1, 1e-9),
     }
     return harness.StepResult(state, record, rollout_samples(r))
 

@@ -15,6 +15,11 @@ if [ ! -f "$stamp" ]; then
   spec="."
   [ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
   # torch==2.13.0 (parity extra) resolves to the CPU build on these machines.
-  .venv/bin/python -m pip install --quiet -e "$spec"
+  # A failed install (a registry hiccup, a full disk) is tried once more without pip's
+  # cache, after saying what the disk has left.
+  if ! .venv/bin/python -m pip install --quiet -e "$spec"; then
+    echo "setup.sh: pip install failed; free disk: $(df -h . | tail -1); trying once more" >&2
+    .venv/bin/python -m pip install --quiet --no-cache-dir -e "$spec"
+  fi
   touch "$stamp"
 fi

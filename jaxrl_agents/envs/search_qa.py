@@ -27,7 +27,6 @@ import re
 import threading
 from typing import Any
 
-import bm25s
 import numpy as np
 
 from jaxrl_agents import registry
@@ -104,6 +103,10 @@ class Index:
   """A BM25 index of one knowledge base's documents (bm25s), read under a lock."""
 
   def __init__(self, docs: list[str]):
+    # Imported here, not with the module: bm25s runs a JAX computation on import, which
+    # would start JAX's backend before `jax.distributed` can be initialized.
+    import bm25s
+
     self.docs = docs
     self.bm25 = bm25s.BM25()
     self.bm25.index(bm25s.tokenize(docs, stopwords="en", show_progress=False),
@@ -112,6 +115,8 @@ class Index:
 
   def search(self, query: str, k: int = TOP_K) -> list[str]:
     """The best k documents with a positive score (best first)."""
+    import bm25s
+
     tokens = bm25s.tokenize([query[:MAX_QUERY_CHARS]], stopwords="en", show_progress=False)
     if not tokens.vocab:  # nothing but stopwords or punctuation
       return []

@@ -29,11 +29,15 @@ policy.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import pgx
+
+# pgx is imported where used: it computes with JAX on import, which would start JAX's
+# backend before `jax.distributed` can be initialized.
+if TYPE_CHECKING:
+  import pgx
 
 from jaxrl_agents import registry
 from jaxrl_agents.envs import base
@@ -63,6 +67,8 @@ class TicTacToe:
     if opponent not in OPPONENTS:
       raise ValueError(f"tic_tac_toe opponent must be one of {OPPONENTS}, got {opponent!r}")
     self.opponent = opponent
+    import pgx
+
     self.game = pgx.make("tic_tac_toe")
     self.intro = base.piece_table(tokenizer, [
         f"Tic-tac-toe. You are {mark}: get three in a row, column or diagonal. Free squares "

@@ -1,0 +1,123 @@
+"""Several processes, one program: JAX's multi-controller runtime (`jax.distributed`).
+
+Every process runs the same experiment script. Each owns the devices of its
+host; together they form one global mesh (`sharding.mesh_from_config` over
+`jax.devices()`), and every jitted computation runs on all of them (SPMD). The
+host side of a step (the data, the prompts, decoding the replies, the rewards)
+runs identically on every process, on the whole batch: a process builds the
+global arrays from the same host values (`jax.device_put` onto a global
+sharding takes each process's own shards of them), and reads a global array
+back whole with `to_host`. Random streams do not depend on the mesh
+(`jax_threefry_partitionable`, on by default in this JAX).
+
+What a process writes: checkpoints are written by all of them together (Orbax
+coordinates the shards); metrics, samples, TensorBoard events, config.json, the
+run lock and the progress bar are process 0's alone (`is_main`).
+
+`initialize_from_env` starts the runtime from the environment:
+  JAXRL_COORDINATOR=host:port JAXRL_NUM_PROCESSES=N JAXRL_PROCESS_ID=i
+      explicit (the local launcher `launch.local` sets these);
+  JAXRL_DISTRIBUTED=auto
+      `jax.distributed.initialize()` finds the cluster itself (SLURM's variables, a
+      TPU VM pod's metadata); the SLURM and TPU launchers set this;
+and does nothing when neither is set (one process: nothing changes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+COORDINATOR, NUM_PROCESSES, PROCESS_ID = \
+    "JAXRL_COORDINATOR", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID"
+AUTO = "JAXRL_DISTRIBUTED"
+
+
+def _int_var(environ: Mapping[str, str], name: str) -> int:
+  value = environ.get(name, "")
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"{COORDINATOR} is set, so {name} must be an integer; got "
+                     f"{value!r}") from None
+
+
+def settings_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any] | None:
+  """The `jax.distributed.initialize` arguments the environment asks for ({} for
+  auto-detection), or None for a single process. Raises ValueError naming a bad variable."""
+  coordinator = environ.get(COORDINATOR, "")
+  if coordinator:
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit():
+      raise ValueError(f"{COORDINATOR} must be host:port, got {coordinator!r}")
+    count, index = _int_var(environ, NUM_PROCESSES), _int_var(environ, PROCESS_ID)
+    if count < 1 or not 0 <= index < count:
+      raise ValueError(f"{PROCESS_ID}={index} must be in [0, {NUM_PROCESSES}={count})")
+    return {"coordinator_address": coordinator, "num_processes": count, "process_id": index}
+  auto = environ.get(AUTO, "")
+  if auto not in ("", "auto"):
+    raise ValueError(f"{AUTO} must be 'auto' or unset, got {auto!r}")
+  return {} if auto else None
+
+
+def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+  """Starts `jax.distributed` when the environment asks for it (see the module doc);
+  returns whether it did. Call it before anything else touches JAX's devices."""
+  settings = settings_from_env(environ)
+  if settings is None:
+    return False
+  # CPU devices exchange collectives over gloo (TCP): the default has none across
+  # processes. (Only the CPU client reads this; GPUs and TPUs use their own.)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**settings)
+  log.info("process %d of %d; %d local and %d global devices", jax.process_index(),
+           jax.process_count(), jax.local_device_count(), jax.device_count())
+  return True
+
+
+def is_main() -> bool:
+  """Whether this process writes the run's logs (process 0; always so with one process)."""
+  return jax.process_index() == 0
+
+
+def to_host(x: Any) -> np.ndarray:
+  """A (global) array's whole value on this host as numpy: gathered from the other
+  processes when this one holds only some of its shards."""
+  if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
+def tree_to_host(tree: Any) -> Any:
+  """`to_host` of every leaf."""
+  return jax.tree.map(to_host, tree)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier of this name (nothing with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
+
+
+def agree(seconds: float, flag: bool) -> tuple[float, bool]:
+  """(the first process's `seconds`, whether any process's `flag` is set), the same on
+  every process: a run's schedule is decided from these, so the processes never part
+  ways over a clock or a signal (one process: the values as given)."""
+  if jax.process_count() == 1:
+    return seconds, flag
+  from jax.experimental import multihost_utils
+
+  gathered = np.asarray(multihost_utils.process_allgather(
+      np.array([seconds, float(flag)], np.float64)))
+  return float(gathered[0, 0]), bool(gathered[:, 1].any())

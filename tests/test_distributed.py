@@ -1,0 +1,109 @@
+"""Several processes, one run (`jax.distributed` over local CPU processes, gloo collectives).
+
+The tiny GRPO experiment as 2 processes of 1 CPU device each logs exactly what
+1 process with 2 CPU devices logs on the same (data = 2) mesh; only process 0
+writes the logs; a checkpoint written by 2 processes resumes in 1 and the
+reverse, each continuing as the uninterrupted run did.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl_agents import distributed
+from launch import local
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRPO_TINY = "experiments/configs/grpo_arithmetic.py:tiny"
+# What depends on the clock or the machine's load, not on the computation.
+TIMING = ("time", "per_s")
+
+
+def test_settings_from_env():
+  assert distributed.settings_from_env({}) is None
+  assert distributed.settings_from_env({"JAXRL_DISTRIBUTED": "auto"}) == {}
+  assert distributed.settings_from_env({
+      "JAXRL_COORDINATOR": "10.0.0.1:1234", "JAXRL_NUM_PROCESSES": "4",
+      "JAXRL_PROCESS_ID": "3"}) == {"coordinator_address": "10.0.0.1:1234",
+                                    "num_processes": 4, "process_id": 3}
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"JAXRL_COORDINATOR": "nohost"}, "host:port"),
+    ({"JAXRL_COORDINATOR": "h:1", "JAXRL_NUM_PROCESSES": "two", "JAXRL_PROCESS_ID": "0"},
+     "JAXRL_NUM_PROCESSES must be an integer"),
+    ({"JAXRL_COORDINATOR": "h:1", "JAXRL_NUM_PROCESSES": "2", "JAXRL_PROCESS_ID": "2"},
+     r"JAXRL_PROCESS_ID=2 must be in \[0, JAXRL_NUM_PROCESSES=2\)"),
+    ({"JAXRL_DISTRIBUTED": "yes"}, "'auto' or unset"),
+])
+def test_settings_from_env_names_a_bad_variable(env, match):
+  with pytest.raises(ValueError, match=match):
+    distributed.settings_from_env(env)
+
+
+def test_local_launcher_sets_each_process_apart():
+  base = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_foo=1", "A": "b"}
+  env = local.process_env(base, 1, 3, 5555, 2)
+  assert env["A"] == "b" and env["JAXRL_COORDINATOR"] == "localhost:5555"
+  assert (env["JAXRL_NUM_PROCESSES"], env["JAXRL_PROCESS_ID"]) == ("3", "1")
+  assert env["XLA_FLAGS"].split() == ["--xla_foo=1",
+                                      "--xla_force_host_platform_device_count=2"]
+  with pytest.raises(SystemExit, match="experiment module"):
+    local.parse(["--processes=2", "--", "rm", "-rf", "/"])
+
+
+def _run(workdir, steps, processes, tmp_path):
+  """The tiny GRPO run on a data = 2 mesh: 2 processes x 1 device or 1 process x 2 devices."""
+  flags = [f"--config={GRPO_TINY}", "--config.mesh.data=2", f"--config.steps={steps}",
+           f"--workdir={workdir}", f"--compilation_cache={tmp_path / 'cache'}"]
+  if processes == 2:
+    cmd = [sys.executable, "-m", "launch.local", "--processes=2", "--devices_per_process=1",
+           f"--log_dir={tmp_path / 'logs'}", "--timeout_s=500", "--", "experiments.grpo",
+           *flags]
+    env = dict(os.environ)
+  else:
+    cmd = [sys.executable, "-m", "experiments.grpo", *flags]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  for name in ("JAXRL_COORDINATOR", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID"):
+    env.pop(name, None)
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  logs = ""
+  if processes == 2 and os.path.exists(tmp_path / "logs" / "process_1.log"):
+    logs = (tmp_path / "logs" / "process_1.log").read_text()[-3000:]
+  assert proc.returncode == 0, proc.stderr[-4000:] + "\nprocess 1:\n" + logs
+
+
+def _records(workdir, name="metrics.jsonl"):
+  with open(os.path.join(workdir, name)) as f:
+    return [json.loads(line) for line in f]
+
+
+def _computed(records):
+  """Every logged figure but those of the clock."""
+  return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+@pytest.mark.slow
+def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path):
+  two, one = tmp_path / "two", tmp_path / "one"
+  _run(two, 3, 2, tmp_path)
+  _run(one, 3, 1, tmp_path)
+  two_records, one_records = _records(two), _records(one)
+  # One writer: every step and evaluation once, not once per process.
+  assert [(r["kind"], r["step"]) for r in two_records] == \
+      [(r["kind"], r["step"]) for r in one_records]
+  assert sorted(r["step"] for r in two_records if r["kind"] == "train") == [1, 2, 3]
+  assert _computed(two_records) == _computed(one_records)
+  assert _records(two, "samples.jsonl") == _records(one, "samples.jsonl")
+  assert sorted(os.listdir(two / "checkpoints")) == ["1", "2", "3"]
+
+  # 2 processes write the checkpoint of step 2, 1 process resumes it, and the reverse:
+  # each ends where the uninterrupted run did.
+  for first, then in ((2, 1), (1, 2)):
+    workdir = tmp_path / f"resumed_{first}_{then}"
+    _run(workdir, 2, first, tmp_path)
+    _run(workdir, 3, then, tmp_path)
+    assert _computed(_records(workdir)) == _computed(one_records), (first, then)
