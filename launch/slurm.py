@@ -1,4 +1,4 @@
-r"""Run an experiment as a SLURM batch job on one GPU node.
+r"""Run an experiment as a SLURM batch job on one or several GPU nodes.
 
   python -m launch.slurm --gpus=8 --time=04:00:00 --partition=gpu --dry_run -- \
       experiments.grpo --config=experiments/configs/grpo_arithmetic.py \
@@ -11,8 +11,12 @@ spreads the work over them); then submits it with `sbatch`. `--dry_run`
 prints the script and submits nothing. The job runs in this checkout (a
 shared filesystem, as SLURM clusters have).
 
-One node only: several nodes need `jax.distributed`, which the experiments do
-not initialize yet.
+With `--nodes=N` (N > 1) srun starts one process per node with
+`JAXRL_DISTRIBUTED=auto`: `jax.distributed` reads SLURM's variables for the
+coordinator (the first node), the process count and each process's id, and
+the processes form one mesh over every GPU of every node
+(`jaxrl_agents/distributed.py`); process 0 writes the logs, all of them the
+checkpoints (the workdir is on the shared filesystem).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ def script(args, experiment: list[str], repo: str) -> str:
   lines = [
       "#!/usr/bin/env bash",
       f"#SBATCH --job-name={args.job}",
-      "#SBATCH --nodes=1",
+      f"#SBATCH --nodes={args.nodes}",
       "#SBATCH --ntasks-per-node=1",
       f"#SBATCH --gpus-per-node={args.gpus}",
       f"#SBATCH --cpus-per-task={args.cpus}",
@@ -44,6 +48,10 @@ def script(args, experiment: list[str], repo: str) -> str:
       f"cd {shlex.quote(repo)}",
       "scripts/setup.sh cuda",
       "export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX takes GPU memory as it needs it",
+  ]
+  if args.nodes > 1:  # one process per node; jax.distributed reads SLURM's variables
+    lines.append("export JAXRL_DISTRIBUTED=auto")
+  lines += [
       "srun .venv/bin/python -m " + " ".join(shlex.quote(a) for a in experiment),
   ]
   return "\n".join(lines) + "\n"
@@ -55,7 +63,8 @@ def parse(argv: list[str]):
   split = argv.index("--")
   parser = argparse.ArgumentParser(prog="launch.slurm", description=__doc__.split("\n\n")[0])
   parser.add_argument("--job", default="jaxrl_agents")
-  parser.add_argument("--gpus", type=int, default=8, help="GPUs on the node")
+  parser.add_argument("--nodes", type=int, default=1, help="nodes, one process on each")
+  parser.add_argument("--gpus", type=int, default=8, help="GPUs on each node")
   parser.add_argument("--cpus", type=int, default=16, help="CPU cores for the job")
   parser.add_argument("--time", default="04:00:00", help="the job's time limit")
   parser.add_argument("--partition", default="")
@@ -68,6 +77,8 @@ def parse(argv: list[str]):
     raise SystemExit("after --: an experiment module (experiments.grpo, ...) and its flags")
   if args.gpus < 1:
     raise SystemExit(f"--gpus must be >= 1, got {args.gpus}")
+  if args.nodes < 1:
+    raise SystemExit(f"--nodes must be >= 1, got {args.nodes}")
   return args, experiment
 
 

@@ -14,9 +14,13 @@ and runs nothing):
      `<remote_dir>/launch.log`.
 
 A single-host slice (v4-8, v5litepod-8: one worker, 8 chips) runs the
-experiment as one process over its local devices (`config.mesh`). A
-multi-worker pod slice needs `jax.distributed`, which the experiments do not
-initialize yet: the launcher refuses more than one worker unless `--allow_multihost`.
+experiment as one process over its local devices (`config.mesh`). On a
+multi-worker pod slice (v4-32, v5litepod-64, ...) every worker runs the same
+command with `JAXRL_DISTRIBUTED=auto`: `jax.distributed` finds the other workers
+from the TPU metadata and the processes form one mesh over every chip
+(`jaxrl_agents/distributed.py`). Their checkpoints are written by all workers
+together, so the workdir must be on a filesystem every worker mounts (a
+Filestore NFS share or a gcsfuse bucket), not a worker's own disk.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import shlex
 import subprocess
 import sys
 
+# Slices with one worker: one process. Any other slice runs one process per worker.
 SINGLE_HOST = ("v4-8", "v5litepod-1", "v5litepod-4", "v5litepod-8", "v6e-1", "v6e-4", "v6e-8")
 
 
@@ -34,8 +39,9 @@ def commands(args, experiment: list[str]) -> list[list[str]]:
   tpu = ["gcloud", "compute", "tpus", "tpu-vm"]
   where = [f"--zone={args.zone}"] + ([f"--project={args.project}"] if args.project else [])
   remote = args.remote_dir
+  multihost = "" if args.accelerator in SINGLE_HOST else "JAXRL_DISTRIBUTED=auto "
   run = (f"cd {shlex.quote(remote)} && scripts/setup.sh tpu && "
-         f"nohup .venv/bin/python -m {' '.join(shlex.quote(a) for a in experiment)} "
+         f"{multihost}nohup .venv/bin/python -m {' '.join(shlex.quote(a) for a in experiment)} "
          f"> launch.log 2>&1 &")
   return [
       tpu + ["describe", args.name] + where,
@@ -63,16 +69,11 @@ def parse(argv: list[str]):
   parser.add_argument("--runtime", default="v2-alpha-tpuv5-lite", help="TPU VM software version")
   parser.add_argument("--spot", action="store_true")
   parser.add_argument("--remote_dir", default="jaxrl_agents")
-  parser.add_argument("--allow_multihost", action="store_true")
   parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   args = parser.parse_args(argv[:split])
   experiment = argv[split + 1:]
   if not experiment or not experiment[0].startswith("experiments."):
     raise SystemExit("after --: an experiment module (experiments.grpo, ...) and its flags")
-  if args.accelerator not in SINGLE_HOST and not args.allow_multihost:
-    raise SystemExit(f"{args.accelerator} may have several workers; the experiments run one "
-                     "process (jax.distributed is not initialized yet). Use a single-host "
-                     f"slice ({', '.join(SINGLE_HOST)}) or --allow_multihost")
   return args, experiment
 
 

@@ -22,10 +22,18 @@ def test_tpu_vm_dry_run_prints_every_step_and_runs_nothing(capsys):
   assert "-m experiments.grpo" in out[4] and "'--workdir=runs/x y'" in out[4]
 
 
-def test_tpu_vm_refuses_a_multi_worker_slice_and_a_missing_experiment():
-  with pytest.raises(SystemExit, match="several workers"):
-    tpu_vm.main(["--name=rl", "--zone=z", "--accelerator=v5litepod-64", "--dry_run", "--"]
-                + EXPERIMENT)
+def test_tpu_vm_runs_a_multi_worker_slice_as_one_distributed_run(capsys):
+  # One worker: one process, nothing to initialize.
+  assert tpu_vm.main(["--name=rl", "--zone=z", "--accelerator=v4-8", "--dry_run", "--"]
+                     + EXPERIMENT) == 0
+  assert "JAXRL_DISTRIBUTED" not in capsys.readouterr().out
+  assert tpu_vm.main(["--name=rl", "--zone=z", "--accelerator=v5litepod-64", "--dry_run",
+                      "--"] + EXPERIMENT) == 0
+  run = capsys.readouterr().out.splitlines()[4]
+  assert "--worker=all" in run and "JAXRL_DISTRIBUTED=auto nohup .venv/bin/python" in run
+
+
+def test_tpu_vm_refuses_a_missing_experiment():
   with pytest.raises(SystemExit, match="experiment module"):
     tpu_vm.main(["--name=rl", "--zone=z", "--dry_run", "--", "rm", "-rf"])
 
@@ -41,3 +49,18 @@ def test_slurm_dry_run_prints_a_script_bash_accepts(capsys, tmp_path):
   assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
   with pytest.raises(SystemExit, match="--gpus must be >= 1"):
     slurm.main(["--gpus=0", "--dry_run", "--"] + EXPERIMENT)
+
+
+def test_slurm_several_nodes_run_one_distributed_process_each(capsys, tmp_path):
+  assert slurm.main(["--nodes=4", "--gpus=8", "--dry_run", "--"] + EXPERIMENT) == 0
+  text = capsys.readouterr().out
+  assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text
+  assert "export JAXRL_DISTRIBUTED=auto" in text
+  assert text.index("JAXRL_DISTRIBUTED") < text.index("srun")
+  path = tmp_path / "job.sbatch"
+  path.write_text(text)
+  assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+  assert slurm.main(["--dry_run", "--"] + EXPERIMENT) == 0
+  assert "JAXRL_DISTRIBUTED" not in capsys.readouterr().out  # one node: one process
+  with pytest.raises(SystemExit, match="--nodes must be >= 1"):
+    slurm.main(["--nodes=0", "--dry_run", "--"] + EXPERIMENT)
