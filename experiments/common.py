@@ -250,6 +250,8 @@ def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: 
   loader = data_lib.make_loader(train_source, batch_size=rollout_prompts(config),
                                 seed=config.seed)
   reward_fn, grader = make_rewards(config)
+  # With several processes each scores its share of the rows (one process: unchanged).
+  reward_fn, grader = distributed.split_rows(reward_fn), distributed.split_rows(grader)
   collect, evaluate = rl_loop.single_turn_collector(config, model, reward_fn=reward_fn,
                                                     grader=grader, eval_examples=eval_examples)
   return rl_loop.run(config, workdir, algorithm, model, train_data=loader, collect=collect,

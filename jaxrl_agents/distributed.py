@@ -2,13 +2,16 @@
 
 Every process runs the same experiment script. Each owns the devices of its
 host; together they form one global mesh (`sharding.mesh_from_config` over
-`jax.devices()`), and every jitted computation runs on all of them (SPMD). The
-host side of a step (the data, the prompts, decoding the replies, the rewards)
-runs identically on every process, on the whole batch: a process builds the
+`jax.devices()`), and every jitted computation runs on all of them (SPMD). Every
+process reads the same batch of prompts (a few hundred bytes) and builds the
 global arrays from the same host values (`jax.device_put` onto a global
-sharding takes each process's own shards of them), and reads a global array
-back whole with `to_host`. Random streams do not depend on the mesh
-(`jax_threefry_partitionable`, on by default in this JAX).
+sharding takes each process's own shards of them); the rollout's rows split
+over the devices like any batch. A global array comes back whole with
+`to_host` (decoding the replies: cheap). The costly host work, scoring replies
+with string rewards and sandboxed checks, is split: `split_rows` has each
+process score its own share of the rows and gathers the scores. Random streams
+do not depend on the mesh (`jax_threefry_partitionable`, on by default in this
+JAX).
 
 What a process writes: checkpoints are written by all of them together (Orbax
 coordinates the shards); metrics, samples, TensorBoard events, config.json, the
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -121,3 +124,48 @@ def agree(seconds: float, flag: bool) -> tuple[float, bool]:
   gathered = np.asarray(multihost_utils.process_allgather(
       np.array([seconds, float(flag)], np.float64)))
   return float(gathered[0, 0]), bool(gathered[:, 1].any())
+
+
+class SplitRows:
+  """A host function of rows (a reward or a grader: `fn(completions, examples)` returning
+  f32[B], or (f32[B], {name: f32[B]})) computed by each process on its own contiguous
+  share of the B rows, the results gathered back whole on every process.
+
+  The host work of a step (string rewards, sandboxed checks) thus splits over the
+  processes as the device work splits over the mesh. The function is pure per row, so
+  the gathered values are those of one process computing every row. A `time_limit`
+  reward's `last_timeouts` is summed over the processes. Use `split_rows`, which returns
+  `fn` itself with one process.
+  """
+
+  def __init__(self, fn: Callable[..., Any]):
+    self.fn = fn
+    self.last_timeouts = 0
+
+  def __call__(self, completions: Sequence[str], examples: Sequence[Any]):
+    from jax.experimental import multihost_utils
+
+    rows, count, index = len(completions), jax.process_count(), jax.process_index()
+    share = -(-rows // count)
+    lo, hi = min(index * share, rows), min((index + 1) * share, rows)
+    result = self.fn(list(completions[lo:hi]), list(examples[lo:hi]))
+    total, components = result if isinstance(result, tuple) else (result, None)
+    names = sorted(components or {})
+    # One f32[share, 1 + M] block per process (padded to `share` rows), then one gather.
+    block = np.zeros((share, 1 + len(names)), np.float32)
+    block[:hi - lo, 0] = np.asarray(total, np.float32)
+    for j, name in enumerate(names):
+      block[:hi - lo, 1 + j] = np.asarray(components[name], np.float32)
+    timeouts = int(getattr(self.fn, "last_timeouts", 0))
+    gathered = np.asarray(multihost_utils.process_allgather(block))
+    self.last_timeouts = int(np.asarray(multihost_utils.process_allgather(
+        np.array([timeouts], np.int64))).sum())
+    whole = gathered.reshape(count * share, 1 + len(names))[:rows]
+    if components is None:
+      return whole[:, 0]
+    return whole[:, 0], {name: whole[:, 1 + j] for j, name in enumerate(names)}
+
+
+def split_rows(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`SplitRows(fn)` with several processes; `fn` itself with one."""
+  return SplitRows(fn) if jax.process_count() > 1 else fn

@@ -99,6 +99,16 @@ def for_config(config) -> Mesh | None:
   return mesh_from_config(spec)
 
 
+def mesh_of(tree: Any) -> Mesh | None:
+  """The mesh of several devices `tree`'s arrays are placed on (the first leaf with a
+  NamedSharding), or None: the params tell a rollout where to split its rows."""
+  for leaf in jax.tree.leaves(tree):
+    placed = getattr(leaf, "sharding", None)
+    if isinstance(placed, NamedSharding) and placed.mesh.size > 1:
+      return placed.mesh
+  return None
+
+
 def path_name(path) -> str:
   """"layers/3/wq" for a pytree key path."""
   parts = []

@@ -1,7 +1,8 @@
 """Several processes, one run (`jax.distributed` over local CPU processes, gloo collectives).
 
 The tiny GRPO experiment as 2 processes of 1 CPU device each logs exactly what
-1 process with 2 CPU devices logs on the same (data = 2) mesh; only process 0
+1 process with 2 CPU devices logs on the same (data = 2) mesh, with the rollout's
+rows and the rewards' host work split between the processes; only process 0
 writes the logs; a checkpoint written by 2 processes resumes in 1 and the
 reverse, each continuing as the uninterrupted run did.
 """
@@ -56,8 +57,11 @@ def test_local_launcher_sets_each_process_apart():
 
 
 def _run(workdir, steps, processes, tmp_path):
-  """The tiny GRPO run on a data = 2 mesh: 2 processes x 1 device or 1 process x 2 devices."""
+  """The tiny GRPO run on a data = 2 mesh: 2 processes x 1 device or 1 process x 2 devices.
+  4 prompts: each device samples 2 of them; 7 held-out questions: the processes score 4
+  and 3 of the replies."""
   flags = [f"--config={GRPO_TINY}", "--config.mesh.data=2", f"--config.steps={steps}",
+           "--config.prompts_per_step=4", "--config.eval_size=7",
            f"--workdir={workdir}", f"--compilation_cache={tmp_path / 'cache'}"]
   if processes == 2:
     cmd = [sys.executable, "-m", "launch.local", "--processes=2", "--devices_per_process=1",

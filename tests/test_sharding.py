@@ -265,3 +265,26 @@ def test_a_model_loads_straight_onto_the_mesh():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   bf16 = zoo.load("tiny", param_dtype="bfloat16", mesh=mesh)
   assert bf16.params["embed"].dtype == jnp.bfloat16
+
+
+@pytest.mark.slow
+def test_ppo_on_a_multi_turn_environment_on_a_mesh_logs_what_one_device_logs(tmp_path):
+  """PPO (a value head, token-level GAE) over FrozenLake's lax.scan episodes: the mesh
+  changes no reward, loss or value figure beyond float tolerance."""
+  from experiments import ppo
+  from experiments.configs import ppo_frozen_lake
+
+  config = ppo_frozen_lake.get_config("tiny")
+  config.steps = 2
+  config.optimizer.eps = 1e-4  # see _grpo_case
+  ppo.train(config, str(tmp_path / "one"), progress=False)
+  config.mesh.update(dict(data=2, fsdp=2, tensor=2))
+  ppo.train(config, str(tmp_path / "mesh"), progress=False)
+  one, meshed = _records(tmp_path / "one", "train"), _records(tmp_path / "mesh", "train")
+  assert len(one) == 2
+  keys = ("reward_mean", "loss", "value_loss", "value_mean", "entropy", "episode_turns")
+  for a, b in zip(one, meshed, strict=True):
+    assert all(k in a for k in keys[:4]), sorted(a)
+    for k in keys:
+      if k in a:
+        assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-5), (a["step"], k)

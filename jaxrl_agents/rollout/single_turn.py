@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import types
+from jaxrl_agents import distributed, sharding, types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
@@ -192,10 +192,13 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
       limit=context_limit(model, sampling.max_new_tokens), overflow=overflow)
   prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
                                                     model.tokenizer.pad_token_id)
+  # On a mesh the prompts' rows split over data x fsdp like the params' batch (each
+  # device samples its share; jit propagates the layout to the completions).
+  gen_tokens, gen_mask = sharding.shard_batch((gen_tokens, gen_mask), sharding.mesh_of(params))
   out = sampler_lib.generate(params, model.cfg, jnp.asarray(gen_tokens), jnp.asarray(gen_mask),
                              rng, sampling, samples_per_prompt=group_size,
                              prefix_tokens=None if prefix is None else jnp.asarray(prefix))
-  host_tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  host_tokens, lengths = distributed.to_host(out.tokens), distributed.to_host(out.lengths)
   n = trimmed_width(lengths, sampling.max_new_tokens)
   traj = types.single_turn(
       jnp.asarray(np.repeat(unique_tokens, group_size, axis=0)),
