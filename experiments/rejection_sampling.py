@@ -26,7 +26,7 @@ import numpy as np
 
 from experiments import common, sft
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import harness, losses, registry, rl_loop
+from jaxrl_agents import distributed, harness, losses, registry, rl_loop
 from jaxrl_agents import optim as optim_lib
 
 
@@ -46,7 +46,8 @@ class RejectionSampling:
                                                    config.steps * config.minibatches)
     self.data = data_lib.make_loader(train_source, batch_size=config.prompts_per_round,
                                      seed=config.seed)
-    self.reward_fn, self.grader = common.make_rewards(config)
+    # With several processes each scores its share of the rows (one process: unchanged).
+    self.reward_fn, self.grader = map(distributed.split_rows, common.make_rewards(config))
     self.sampling = rl_loop.sampling_from_config(config, model.tokenizer)
     self.rows = config.prompts_per_round * config.keep_top
     self._select = jax.jit(losses.raft_select, static_argnums=1)
@@ -71,7 +72,7 @@ class RejectionSampling:
     rewards = r.rewards.reshape(-1, n)
     # A reply cut at the token budget never ended: fine-tuning on it (closed by the
     # end-of-turn token) would teach the policy to stop mid-reply. It is never kept.
-    finished = (np.asarray(r.traj.policy_mask).sum(-1) < c.max_new_tokens).reshape(-1, n)
+    finished = (distributed.to_host(r.traj.policy_mask).sum(-1) < c.max_new_tokens).reshape(-1, n)
     if c.keep_unfinished:
       finished = np.ones_like(finished)
     ranked = np.where(finished, rewards, -np.inf)
@@ -84,20 +85,24 @@ class RejectionSampling:
                                  [r.completions[i] for i in kept], max_len=c.max_len,
                                  chat=c.chat, system=c.system_prompt or None, width=c.max_len)
       pad = self.rows - len(kept)
-      buffer = jax.tree.map(lambda x: jnp.pad(x, ((0, pad), (0, 0))), batch)
+      # Placed where the previous buffer lives (on a mesh of several hosts, a global array:
+      # a process-local one could not be checkpointed).
+      buffer = jax.tree.map(lambda x, old: jax.device_put(
+          np.pad(np.asarray(x), ((0, pad), (0, 0))), old.sharding), batch, buffer)
     record = {"round": int(state.step) // c.steps_per_round + 1,
               "round_reward_mean": float(r.rewards.mean()),
               "round_sample_accuracy": float(r.correct.mean()),
               "round_kept_frac": len(kept) / len(r.rewards),
               "round_finished_frac": float(
-                  (np.asarray(r.traj.policy_mask).sum(-1) < c.max_new_tokens).mean()),
+                  (distributed.to_host(r.traj.policy_mask).sum(-1) < c.max_new_tokens).mean()),
               "round_best_finished_reward_mean": float(
                   np.max(ranked, axis=1)[finished.any(axis=1)].mean()
                   if finished.any() else np.nan),
               "round_prompts_with_a_kept_reply": float(keep.any(axis=1).mean())}
     samples = [{"prompt": r.prompts[i], "completion": r.completions[i],
                 "reward": float(r.rewards[i])} for i in kept]
-    return state._replace(buffer=buffer, buffer_rows=jnp.int32(len(kept))), record, samples
+    rows = jax.device_put(np.int32(len(kept)), state.buffer_rows.sharding)
+    return state._replace(buffer=buffer, buffer_rows=rows), record, samples
 
   def train_step(self, state: RSState, rng, progress: float) -> harness.StepResult:
     record, samples = {}, []

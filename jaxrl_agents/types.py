@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrl_agents import distributed
+
 
 @struct.dataclass
 class Trajectory:
@@ -77,10 +79,10 @@ class Trajectory:
                        f"{self.turn_mask.shape} must both be [B={b}, K]")
     if not 0 < self.prompt_width < t:
       raise ValueError(f"Trajectory.prompt_width {self.prompt_width} must be in (0, {t})")
-    policy = np.asarray(self.policy_mask)
+    policy = distributed.to_host(self.policy_mask)  # whole, on a mesh of several hosts
     if policy[:, :self.prompt_width].any():
       raise ValueError("Trajectory.policy_mask marks prompt columns")
-    if (policy & ~np.asarray(self.valid)).any():
+    if (policy & ~distributed.to_host(self.valid)).any():
       raise ValueError("Trajectory.policy_mask marks tokens that are not valid")
     if self.reply_spans:
       inside = np.zeros(t, bool)

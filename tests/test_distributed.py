@@ -111,3 +111,23 @@ def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path):
     _run(workdir, 2, first, tmp_path)
     _run(workdir, 3, then, tmp_path)
     assert _computed(_records(workdir)) == _computed(one_records), (first, then)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, config", [
+    ("experiments.ppo", "experiments/configs/ppo_frozen_lake.py:tiny"),  # lax.scan episodes
+    ("experiments.grpo", "experiments/configs/grpo_calculator.py:tiny"),  # a host tool env
+    # its round buffer is replaced mid-run: the new one must be a global array
+    ("experiments.rejection_sampling", "experiments/configs/rejection_sampling_arithmetic.py:tiny"),
+])
+def test_other_experiments_run_as_two_processes(tmp_path, module, config):
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "launch.local", "--processes=2", f"--log_dir={tmp_path}",
+         "--timeout_s=500", "--", module, f"--config={config}", "--config.mesh.data=2",
+         "--config.steps=2", "--config.checkpoint_every=1", f"--workdir={workdir}",
+         f"--compilation_cache={tmp_path / 'cache'}"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  train = [r["step"] for r in _records(workdir) if r["kind"] == "train"]
+  assert train == [1, 2]  # written once, by process 0
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2"]
