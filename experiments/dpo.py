@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common, preference_data
-from jaxrl_agents import harness, losses, sharding
+from jaxrl_agents import distributed, harness, losses, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.losses import preference as preference_lib
@@ -219,7 +219,7 @@ class PreferenceTrainer:
 
   def evaluate(self, state: DPOState) -> tuple[dict, list[dict]]:
     held = self.held_pairs
-    margins = np.concatenate([np.asarray(self._margins(state.params, batch))[:rows]
+    margins = np.concatenate([distributed.to_host(self._margins(state.params, batch))[:rows]
                               for batch, rows in self.held_batches()])
     record = {**rm_lib.pair_calibration(margins), "num_pairs": len(held)}
     if self.candidates:

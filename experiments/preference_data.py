@@ -26,11 +26,13 @@ import functools
 import json
 import logging
 import os
+import tempfile
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
-from jaxrl_agents import registry
+from jaxrl_agents import distributed, registry
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import tokenizer as tokenizer_lib
@@ -180,14 +182,23 @@ def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[
 GENERATION_DEFAULTS = {"answer_swaps": 0}
 
 
-def generate_once(directory: str, settings: dict, generate) -> None:
-  """Runs `generate()` (which writes `directory`, generation.json last) unless the directory
-  is complete; data made with other `settings` is refused, never replaced (a run, or its
-  resume, may be training on it)."""
+def generate_once(directory: str, settings: dict, generate: Callable[[str], None]) -> None:
+  """Runs `generate(directory)` (which writes the directory, generation.json last) unless
+  the directory is complete; data made with other `settings` is refused, never replaced (a
+  run, or its resume, may be training on it).
+
+  With several processes (`distributed`) every process generates, since sampling on a
+  mesh runs on all of them, but only the first writes `directory`: the others write to a
+  scratch directory, discarded, and wait for the first to finish."""
   settings_file = os.path.join(directory, "generation.json")
   current = json.loads(json.dumps({**GENERATION_DEFAULTS, **settings}))
   if not os.path.exists(settings_file):
-    generate()
+    if distributed.is_main():
+      generate(directory)
+    else:
+      with tempfile.TemporaryDirectory(prefix="generate_once_") as scratch:
+        generate(scratch)
+    distributed.barrier(f"generated {directory}")
     return
   with open(settings_file) as f:
     saved = {**GENERATION_DEFAULTS, **json.load(f)}
@@ -221,7 +232,7 @@ def _load_data(config, model: zoo.Model, workdir: str, progress: bool):
     return train, held[: config.eval_size], None
   directory = config.pairs_dir or os.path.join(workdir, "pairs")
   generate_once(directory, _generation_settings(config),
-                lambda: generate_pairs(config, model, directory, progress))
+                lambda out: generate_pairs(config, model, out, progress))
   train = preferences.load_pairs(os.path.join(directory, "train.jsonl"))
   held = preferences.load_pairs(os.path.join(directory, "eval.jsonl"))
   candidates = [row for _, row in read_objects(os.path.join(directory, "candidates.jsonl"))]

@@ -191,7 +191,7 @@ def load_data(config, model: zoo.Model, workdir: str, progress: bool = True
   else:
     directory = config.steps_dir or os.path.join(workdir, "steps")
     preference_data.generate_once(directory, _settings(config),
-                                  lambda: generate_steps(config, model, directory, progress))
+                                  lambda out: generate_steps(config, model, out, progress))
     train = steps_lib.load_step_rows(os.path.join(directory, "train.jsonl"))
     held = steps_lib.load_step_rows(os.path.join(directory, "eval.jsonl"))
     candidates = [row for _, row in read_objects(os.path.join(directory, "candidates.jsonl"))]

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import credit, envs, rl_loop
+from jaxrl_agents import credit, distributed, envs, rl_loop
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import host_loop, multiturn, self_play
 
@@ -51,8 +51,8 @@ def episode_details(tok, traj) -> list[dict]:
   """Per episode, for samples.jsonl: each turn's reply and environment text (and, where a
   message comes before the first reply, as in self-play, that message), and the stream's
   real tokens with their policy mask and turn ids."""
-  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
-  policy, turn_id = np.asarray(traj.policy_mask), np.asarray(traj.turn_id)
+  tokens, valid = distributed.to_host(traj.tokens), distributed.to_host(traj.valid)
+  policy, turn_id = distributed.to_host(traj.policy_mask), distributed.to_host(traj.turn_id)
   lp, out = traj.prompt_width, []
   for row in range(tokens.shape[0]):
     turns, current, before = [], None, []
@@ -99,25 +99,25 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   lesson for the policy's siblings either).
   """
   traj = eps.traj
-  tokens, valid = np.asarray(traj.tokens), np.asarray(traj.valid)
+  tokens, valid = distributed.to_host(traj.tokens), distributed.to_host(traj.valid)
   lp = traj.prompt_width
-  returns = np.asarray(traj.rewards, np.float32)
+  returns = distributed.to_host(traj.rewards).astype(np.float32)
   components = {"return": returns}
   if shaping_gamma is not None:
     traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
-    components["shaped_return"] = np.asarray(traj.rewards, np.float32)
+    components["shaped_return"] = distributed.to_host(traj.rewards).astype(np.float32)
   if information_gain:
     traj = traj.replace(turn_rewards=credit.igpo_turn_rewards(
         eps.answer_logp, traj.turn_mask, jnp.asarray(returns)))
     # The gains the update uses: every turn's but the last (whose score, after the
     # episode ended, means nothing), i.e. the turn rewards less the return on the last.
-    played = np.asarray(traj.turn_mask).any(1)
-    components["information_gain"] = (np.asarray(traj.turn_rewards).sum(-1)
+    played = distributed.to_host(traj.turn_mask).any(1)
+    components["information_gain"] = (distributed.to_host(traj.turn_rewards).sum(-1)
                                       - np.where(played, returns, 0.0)).astype(np.float32)
   rewards = returns
   if failed is not None and failed.any():
     rewards = _neutral_failed(rewards, failed, group_size)
-  info = {k: np.asarray(v, np.float32) for k, v in eps.info.items()}
+  info = {k: distributed.to_host(v).astype(np.float32) for k, v in eps.info.items()}
   correct = (info["success"] > 0).astype(np.float32) if "success" in info \
       else (rewards > 0).astype(np.float32)
   return rl_loop.Rollout(
@@ -125,8 +125,8 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
       rewards=rewards, components=components, correct=correct,
-      turn_keys=np.asarray(eps.turn_keys),
-      roles=None if eps.roles is None else np.asarray(eps.roles, np.int32),
+      turn_keys=distributed.to_host(eps.turn_keys),
+      roles=None if eps.roles is None else distributed.to_host(eps.roles).astype(np.int32),
       details=[{**d, "failure": f} for d, f in zip(
           episode_details(tok, traj if details_traj is None else details_traj),
           failures or [None] * rewards.shape[0], strict=True)])
@@ -157,10 +157,11 @@ def _neutral_failed(rewards: np.ndarray, failed: np.ndarray, group_size: int) ->
 
 def episode_metrics(eps: multiturn.Episodes) -> dict[str, float]:
   """Episode length, info means and per-turn reward / reach."""
-  out = {"episode_turns": float(np.mean(np.asarray(eps.turns)))}
+  out = {"episode_turns": float(np.mean(distributed.to_host(eps.turns)))}
   for name, values in eps.info.items():
-    out[name] = float(np.mean(np.asarray(values)))
-  rewards, live = np.asarray(eps.traj.turn_rewards), np.asarray(eps.traj.turn_mask)
+    out[name] = float(np.mean(distributed.to_host(values)))
+  rewards = distributed.to_host(eps.traj.turn_rewards)
+  live = distributed.to_host(eps.traj.turn_mask)
   for k in range(rewards.shape[1]):
     out[f"turn{k}/active"] = float(live[:, k].mean())
     out[f"turn{k}/reward_mean"] = float(rewards[live[:, k], k].mean()) if live[:, k].any() \
@@ -170,7 +171,7 @@ def episode_metrics(eps: multiturn.Episodes) -> dict[str, float]:
 
 def _labels(tasks, group_size: int) -> list[str]:
   """A JAX task batch's first leaf, one string per row (task-major, G rows each)."""
-  first = np.asarray(jax.device_get(jax.tree.leaves(tasks)[0]))
+  first = distributed.to_host(jax.tree.leaves(tasks)[0])
   return [str(t) for t in np.repeat(first, group_size, axis=0).tolist()]
 
 
@@ -275,7 +276,7 @@ def _make_self_play(config, model: zoo.Model, env):
     tasks, play_rng = _step_tasks(config, sample_tasks, rng)
     eps = self_play.rollout(params, model.cfg, env, template, tasks, play_rng, sampling,
                             group_size=config.group_size, num_plies=config.max_turns)
-    seeds = np.repeat(np.asarray(jax.device_get(jax.tree.leaves(tasks)[0])),
+    seeds = np.repeat(distributed.to_host(jax.tree.leaves(tasks)[0]),
                       config.group_size * self_play.PLAYERS, axis=0)
     labels = [f"game {s} player {i % self_play.PLAYERS}" for i, s in enumerate(seeds.tolist())]
     return to_rollout(tok, eps, labels), self_play_metrics(eps)
@@ -294,8 +295,9 @@ def self_play_metrics(eps: multiturn.Episodes) -> dict[str, float]:
   player = np.arange(eps.turns.shape[0]) % self_play.PLAYERS
   for name, values in eps.info.items():
     for p in range(self_play.PLAYERS):
-      out[f"player{p}/{name}"] = float(np.mean(np.asarray(values)[player == p]))
-  out["game_plies"] = float(np.asarray(eps.turns).reshape(-1, self_play.PLAYERS).sum(1).mean())
+      out[f"player{p}/{name}"] = float(np.mean(distributed.to_host(values)[player == p]))
+  plies = distributed.to_host(eps.turns).reshape(-1, self_play.PLAYERS).sum(1)
+  out["game_plies"] = float(plies.mean())
   return out
 
 

@@ -119,6 +119,8 @@ def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path):
     ("experiments.grpo", "experiments/configs/grpo_calculator.py:tiny"),  # a host tool env
     # its round buffer is replaced mid-run: the new one must be a global array
     ("experiments.rejection_sampling", "experiments/configs/rejection_sampling_arithmetic.py:tiny"),
+    # it samples its preference pairs first: every process samples, process 0 writes them
+    ("experiments.dpo", "experiments/configs/dpo_arithmetic.py:tiny"),
 ])
 def test_other_experiments_run_as_two_processes(tmp_path, module, config):
   workdir = tmp_path / "run"

@@ -265,6 +265,37 @@ def test_a_model_loads_straight_onto_the_mesh():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   bf16 = zoo.load("tiny", param_dtype="bfloat16", mesh=mesh)
   assert bf16.params["embed"].dtype == jnp.bfloat16
+  assert model.cfg.activation_mesh is mesh and plain.cfg.activation_mesh is None
+
+
+def test_activations_keep_their_rows_split_and_the_logits_of_one_device():
+  """With weights over fsdp, the residual stream is constrained to rows over data x fsdp
+  after the embedding and every layer (in the compiled program), in the forward pass and
+  in a decode step; the logits are those of one device."""
+  from jaxrl_agents.models import transformer
+
+  mesh = sharding.mesh_from_config({"data": 2, "fsdp": 2, "tensor": 2})
+  model, plain = zoo.load("tiny", mesh=mesh), zoo.load("tiny")
+  tokens = jnp.asarray(np.arange(8 * 6).reshape(8, 6) % 200 + 3, jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(6), (8, 6))
+  forward = jax.jit(lambda p, t, pos, cfg: transformer.apply(p, t, pos, cfg)[0],
+                    static_argnums=3)
+  lowered = forward.lower(model.params, sharding.shard_batch(tokens, mesh),
+                          sharding.shard_batch(positions, mesh), model.cfg).as_text()
+  # One constraint after the embedding and one per layer, all rows over data x fsdp.
+  constraints = [line for line in lowered.splitlines() if "sharding_constraint" in line]
+  assert len(constraints) == 1 + model.cfg.n_layers
+  assert all('[{"data", "fsdp"}, {}, {}]' in line for line in constraints)
+  plain_lowered = forward.lower(plain.params, tokens, positions, plain.cfg).as_text()
+  assert "sharding_constraint" not in plain_lowered
+  np.testing.assert_allclose(
+      np.asarray(forward(model.params, sharding.shard_batch(tokens, mesh),
+                         sharding.shard_batch(positions, mesh), model.cfg)),
+      np.asarray(forward(plain.params, tokens, positions, plain.cfg)), rtol=1e-5, atol=1e-5)
+  cache = transformer.init_cache(model.cfg, 8, 8)
+  step = jax.jit(transformer.decode_step, static_argnums=3)
+  text = step.lower(model.params, tokens[:, 0], positions[:, 0], model.cfg, cache).as_text()
+  assert '[{}, {"data", "fsdp"}]' in text  # feature-major [D, B]: rows are the columns
 
 
 @pytest.mark.slow

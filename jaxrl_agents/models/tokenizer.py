@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_agents import distributed
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -210,7 +212,7 @@ def decode_completions(tok, tokens, lengths, stop_tokens: Sequence[int],
   """Texts of completions int[B, N] with `lengths` tokens each, without their stop token
   (and, unless told otherwise, without other special tokens)."""
   texts = []
-  for row, n in zip(np.asarray(tokens), np.asarray(lengths), strict=True):
+  for row, n in zip(distributed.to_host(tokens), distributed.to_host(lengths), strict=True):
     ids = [t for t in row[:n].tolist() if t not in stop_tokens]
     texts.append(tok.decode(ids, skip_special_tokens=skip_special_tokens))
   return texts

@@ -54,6 +54,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxrl_agents.sharding import BATCH_AXES
 
 Params = dict[str, Any]
 
@@ -90,6 +93,11 @@ class TransformerConfig:
       in float32 whatever this is; norms, softmax and logits are float32.
     remat: what the stacked layout's scanned layer keeps for the backward pass
       (`REMAT_POLICIES`); the per-layer list ignores it.
+    activation_mesh: a `jax.sharding.Mesh` (set by `zoo.load(mesh=...)`): the
+      residual stream's rows are constrained over its data x fsdp axes after the
+      embedding and every layer, so that with weights split over fsdp the
+      compiler gathers each layer's weights rather than moving activations
+      (FSDP). None: no constraint (one device).
   """
 
   vocab_size: int
@@ -108,6 +116,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: str = "none"
+  activation_mesh: Any = None
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -295,6 +304,21 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
   return out.astype(x.dtype)
 
 
+def constrain_rows(x: jax.Array, cfg: TransformerConfig, axis: int = 0) -> jax.Array:
+  """`x` with its rows (dimension `axis`) constrained over the data x fsdp axes of
+  `cfg.activation_mesh` (`sharding.BATCH_AXES`); unchanged without a mesh, or when the
+  rows do not split evenly (they stay where the compiler puts them)."""
+  mesh = cfg.activation_mesh
+  if mesh is None:
+    return x
+  split = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  if split == 1 or x.shape[axis] % split:
+    return x
+  spec = [None] * x.ndim
+  spec[axis] = BATCH_AXES
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
 def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
   """x @ w.T for w f[out, in], inputs in the compute dtype, float32 accumulation."""
   y = jnp.einsum("...i,oi->...o", x.astype(dtype), w.astype(dtype),
@@ -467,7 +491,7 @@ def apply(
   inv_freq = rope_frequencies(cfg)
   tables = rope_tables(positions, inv_freq, num_positions)
   b, t = tokens.shape
-  x = params["embed"][tokens].astype(dtype)
+  x = constrain_rows(params["embed"][tokens].astype(dtype), cfg)
   token_valid = segment_ids != 0
 
   remat = cfg.remat if remat is None else remat
@@ -487,7 +511,8 @@ def apply(
     q, k, v = _qkv(h, layer, positions, inv_freq, tables, cfg, dtype)
     keys, values, allowed, slots_last = k_fn(k, v)
     x = x + _dense(_attention(q, keys, values, allowed, cfg, slots_last), layer["wo"], dtype)
-    return x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
+    return constrain_rows(x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype),
+                          cfg)
 
   if cache is None:
     if new_cache_len is not None and new_cache_len < t:
@@ -618,7 +643,8 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   # layout that XLA:CPU carries into the projections, and a bf16 dot with a
   # transposed operand loses its fast kernel (XLA converts the weights to f32,
   # every step).
-  x = jnp.take(params["embed"].T, tokens, axis=1).astype(dtype)  # [D, B]
+  x = constrain_rows(jnp.take(params["embed"].T, tokens, axis=1).astype(dtype), cfg,
+                     axis=1)  # [D, B]
   f32 = lambda a: _rounded_f32(a, dtype)
   kv_f32 = lambda a: _cached_f32(a, dtype)
   new_k, new_v = [], []

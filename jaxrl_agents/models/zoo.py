@@ -177,8 +177,8 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
     dtype: compute dtype ("float32" or "bfloat16").
     param_dtype: storage dtype of the params; defaults to float32.
     mesh: a `jax.sharding.Mesh`: each weight goes from host memory straight to its
-      shards on the mesh (`sharding.RULES`), never whole onto one device. None: the
-      default device.
+      shards on the mesh (`sharding.RULES`), never whole onto one device, and the
+      config's `activation_mesh` is set. None: the default device.
   """
   if name_or_path in _PRESETS:
     model = _PRESETS[name_or_path]()
@@ -199,4 +199,6 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
     from jaxrl_agents import sharding
 
     model.params = jax.device_put(host, sharding.shardings(host, mesh))
+    # The model's activations keep their rows split like the batch (see TransformerConfig).
+    model.cfg = model.cfg.replace(activation_mesh=mesh)
   return model

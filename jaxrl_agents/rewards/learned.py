@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_agents import registry
+from jaxrl_agents import distributed, registry
 from jaxrl_agents.rewards._checks import as_rewards, check_batch
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,8 @@ def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequen
   out = []
   for rows, (p, r) in _padded_batches((prompts, responses), batch_size):
     e = preferences.encode_texts(tok, p, r, max_len=max_len, chat=chat, system=system)
-    out.append(np.asarray(score_fn(params, jnp.asarray(e.tokens), jnp.asarray(e.mask),
-                                   jnp.asarray(e.response)))[:rows])
+    out.append(distributed.to_host(score_fn(params, jnp.asarray(e.tokens), jnp.asarray(e.mask),
+                                            jnp.asarray(e.response)))[:rows])
   return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
@@ -106,7 +106,7 @@ def score_steps(score_fn, params, tok, prompts: Sequence[str],
     e = steps_lib.encode_steps(tok, p, st, max_len=max_len, max_steps=max_steps, chat=chat,
                                system=system)
     out = score_fn(params, *(jnp.asarray(x) for x in (e.tokens, e.mask, e.ends, e.step_mask)))
-    scores.append(np.asarray(out)[:rows])
+    scores.append(distributed.to_host(out)[:rows])
     masks.append(e.step_mask[:rows])
   if not scores:
     return np.zeros((0, max_steps), np.float32), np.zeros((0, max_steps), bool)
