@@ -115,17 +115,15 @@ def load_hf(hf_dir, dtype):
   return model.eval()
 
 
-class TunixWorker:
-  """tunix's sampler in its own virtualenv, timing one call per request."""
+class TunixProcess:
+  """A script run in tunix's own virtualenv (benchmarks/.venv-tunix, set up on first use)
+  that answers each stdin line with one JSON line on stdout."""
 
-  def __init__(self, hf_dir, texts):
+  def __init__(self, script: str, *args: str):
     subprocess.run(["bash", os.path.join(HERE, "setup_tunix.sh")], check=True)
     python = os.path.join(HERE, ".venv-tunix", "bin", "python")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-      json.dump(texts, f)
-    cmd = [python, os.path.join(HERE, "tunix_sampler.py"), "--hf-dir", hf_dir, "--prompts",
-           f.name, "--new-tokens", str(NEW_TOKENS), "--serve"]
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.proc = subprocess.Popen([python, os.path.join(HERE, script), *args],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
   def request(self, line: str) -> dict:
     self.proc.stdin.write(line + "\n")
@@ -138,12 +136,22 @@ class TunixWorker:
         return json.loads(answer)
       print(answer, end="", file=sys.stderr)
 
-  def runner(self, dtype, bs):
-    return lambda: self.request(f"{dtype} {bs}")["seconds"]
-
   def close(self):
     self.proc.stdin.close()
     self.proc.wait()
+
+
+class TunixWorker(TunixProcess):
+  """tunix's sampler, timing one call per request."""
+
+  def __init__(self, hf_dir, texts):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+      json.dump(texts, f)
+    super().__init__("tunix_sampler.py", "--hf-dir", hf_dir, "--prompts", f.name,
+                     "--new-tokens", str(NEW_TOKENS), "--serve")
+
+  def runner(self, dtype, bs):
+    return lambda: self.request(f"{dtype} {bs}")["seconds"]
 
 
 def bench_interleaved(runners: dict, repeats: int) -> dict:

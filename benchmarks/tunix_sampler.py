@@ -26,20 +26,27 @@ import jax
 import jax.numpy as jnp
 
 
+def model_config(hf_dir):
+  """tunix's llama3 ModelConfig with the shapes of the Hugging Face config in `hf_dir`."""
+  from tunix.models.llama3 import model as model_lib
+
+  with open(f"{hf_dir}/config.json") as f:
+    hf = json.load(f)
+  return model_lib.ModelConfig(
+      num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
+      embed_dim=hf["hidden_size"], hidden_dim=hf["intermediate_size"],
+      num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],
+      num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf["rope_theta"]),
+      norm_eps=hf["rms_norm_eps"], weight_tying=hf["tie_word_embeddings"])
+
+
 def build(hf_dir, dtype, patch_rope):
   from transformers import AutoTokenizer
   from tunix.generate import sampler as sampler_lib
   from tunix.models.llama3 import model as model_lib
   from tunix.models.llama3 import params as params_lib
 
-  with open(f"{hf_dir}/config.json") as f:
-    hf = json.load(f)
-  cfg = model_lib.ModelConfig(
-      num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
-      embed_dim=hf["hidden_size"], hidden_dim=hf["intermediate_size"],
-      num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],
-      num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf["rope_theta"]),
-      norm_eps=hf["rms_norm_eps"], weight_tying=hf["tie_word_embeddings"])
+  cfg = model_config(hf_dir)
   if patch_rope:
     if not hasattr(model_lib, "_original_apply_rope"):
       model_lib._original_apply_rope = model_lib.apply_rope

@@ -1,0 +1,164 @@
+"""Train-step throughput: this project vs transformers + torch and tunix's llama3 + optax.
+
+  .venv/bin/python benchmarks/train_step.py                 # all three (sets up tunix's venv)
+  .venv/bin/python benchmarks/train_step.py --skip-tunix --dtypes float32
+
+One step is forward + backward + AdamW over a batch of 8 x 256 tokens of
+SmolLM2-135M-Instruct (every token predicted from the ones before it, token-mean
+cross entropy). The compute dtype is float32 or bfloat16: for the project and
+torch, bfloat16 means bfloat16 matmul inputs with float32 parameters, AdamW
+moments and accumulation (`dtype="bfloat16"`; torch under `autocast`); tunix's
+llama3 has one dtype for everything, so its bfloat16 row keeps parameters and
+moments in bfloat16 too. Side by side in the same run:
+
+  ours   the project's SFT update (`experiments.sft.sft_loss` through
+         `optim.update_state`, jitted, the state donated)
+  torch  transformers' LlamaForCausalLM on the same weights, torch.optim.AdamW
+  tunix  tunix 0.1.7's llama3 model (nnx) given SmolLM2's shapes and weights,
+         optax.adamw under nnx.jit, in benchmarks/.venv-tunix (a worker process)
+
+Each figure is the best of `--repeats` timed steps after one warm-up step;
+compile time is the warm-up's excess over the best step. The systems are
+interleaved round by round, so a machine whose speed drifts slows them alike.
+Model-FLOPs utilization (MFU) counts 6 flops per parameter per token plus
+attention's 12 x layers x sequence x width per token (the PaLM convention),
+against the f32 and bf16 (f32-accumulated) matmul throughput measured with
+JAX in the same run.
+
+The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sampler import TunixProcess, bench_interleaved, machine_limits, timed
+
+import cpu_info
+from experiments import sft
+from jaxrl_agents import optim as optim_lib
+from jaxrl_agents.models import zoo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BATCH, SEQ = 8, 256
+
+
+def batch_tokens(vocab: int, seed: int = 0) -> np.ndarray:
+  """int32[BATCH, SEQ] tokens (random ids: the cost does not depend on the text)."""
+  return np.random.default_rng(seed).integers(3, vocab, (BATCH, SEQ), dtype=np.int32)
+
+
+def model_flops_per_token(cfg) -> float:
+  return 6 * cfg.num_params + 12 * cfg.n_layers * SEQ * cfg.n_heads * cfg.head_dim
+
+
+def ours_runner(model, tokens: np.ndarray, dtype: str):
+  cfg = model.cfg.replace(dtype=dtype)
+  optimizer = optim_lib.make_optimizer(learning_rate=1e-5, total_updates=1000, grad_clip=None)
+  loss = functools.partial(sft.sft_loss, cfg=cfg, aggregation="token-mean")
+  update = jax.jit(functools.partial(optim_lib.update_state, optimizer, loss, epochs=1,
+                                     minibatches=1), donate_argnums=0)
+  params = jax.tree.map(jnp.copy, model.params)
+  box = [sft.SFTState(params=params, opt_state=optimizer.tx.init(params),
+                      updates=jnp.zeros((), jnp.int32))]
+  ones = jnp.ones(tokens.shape, bool)
+  batch = sft.SFTBatch(jnp.asarray(tokens), ones, ones)
+  rng = jax.random.key(0)
+
+  def run():
+    box[0], metrics = update(box[0], batch, rng, jnp.float32(0.0))
+    jax.block_until_ready((box[0], metrics))
+  return timed(run)
+
+
+def torch_runner(hf_dir: str, tokens: np.ndarray, dtype: str):
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  torch.set_num_threads(os.cpu_count() or 2)
+  model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+  ids = torch.tensor(tokens, dtype=torch.long)
+
+  def run():
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+      out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+  return timed(run)
+
+
+class TunixTrainWorker(TunixProcess):
+  """tunix's train step, timing one step per request."""
+
+  def __init__(self, hf_dir: str, tokens_file: str):
+    super().__init__("tunix_train_step.py", "--hf-dir", hf_dir, "--tokens", tokens_file)
+
+  def runner(self, dtype: str):
+    return lambda: self.request(dtype)["seconds"]
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--dtypes", default="float32,bfloat16")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--skip-tunix", action="store_true")
+  p.add_argument("--skip-torch", action="store_true")
+  args = p.parse_args()
+  dtypes = args.dtypes.split(",")
+
+  model = zoo.load(zoo.DEFAULT_MODEL)
+  hf_dir = zoo.smollm2_dir()
+  tokens = batch_tokens(model.cfg.vocab_size)
+  tokens_file = os.path.join(HERE, ".train_step_tokens.npy")
+  np.save(tokens_file, tokens)
+  limits = machine_limits()
+  cpu = cpu_info.describe()
+  print("machine:", json.dumps({**cpu, **{k: round(v, 1) for k, v in limits.items()}}),
+        flush=True)
+  flops_per_token = model_flops_per_token(model.cfg)
+  peak = {"float32": limits["matmul_f32_gflop_s"] * 1e9,
+          "bfloat16": limits["matmul_bf16_f32acc_gflop_s"] * 1e9}
+  result = {"tok_s": {}, "compile_s": {}, "mfu": {}, "machine": {**cpu, **limits},
+            "batch": BATCH, "seq": SEQ, "model_flops_per_token": flops_per_token}
+  tunix = None if args.skip_tunix else TunixTrainWorker(hf_dir, tokens_file)
+  try:
+    for dtype in dtypes:
+      runners = {"ours": ours_runner(model, tokens, dtype)}
+      if not args.skip_torch:
+        runners["torch"] = torch_runner(hf_dir, tokens, dtype)
+      if tunix is not None:
+        runners["tunix"] = tunix.runner(dtype)
+      for system, (first, best) in bench_interleaved(runners, args.repeats).items():
+        tok_s = BATCH * SEQ / best
+        result["tok_s"].setdefault(system, {})[dtype] = tok_s
+        result["compile_s"].setdefault(system, {})[dtype] = max(first - best, 0.0)
+        result["mfu"].setdefault(system, {})[dtype] = tok_s * flops_per_token / peak[dtype]
+        print(f"{system:6s} {dtype:8s}: {tok_s:6.1f} tok/s, step {best:.2f} s (first "
+              f"{first:.1f} s), MFU {result['mfu'][system][dtype]:.3f}", flush=True)
+      runners.clear()
+  finally:
+    if tunix is not None:
+      tunix.close()
+    os.remove(tokens_file)
+  result["compile_s"].pop("torch", None)  # eager torch: nothing to compile
+  ours = result["tok_s"]["ours"]
+  for other in ("tunix", "torch"):
+    if other in result["tok_s"]:
+      result[f"ratio_vs_{other}"] = {d: ours[d] / result["tok_s"][other][d] for d in dtypes}
+      result[f"ratio_vs_{other}_best_dtype"] = max(ours.values()) / max(
+          result["tok_s"][other].values())
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()
