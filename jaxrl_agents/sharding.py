@@ -94,7 +94,14 @@ def for_config(config) -> Mesh | None:
   """The mesh of `config.mesh` ({axis: size}); None (one device, nothing placed) when it is
   absent or has a single device."""
   spec = dict(config.get("mesh", None) or {})
-  if math.prod(mesh_shape(spec, jax.device_count()).values()) == 1:
+  devices = math.prod(mesh_shape(spec, jax.device_count()).values())
+  if jax.process_count() > 1 and devices != jax.device_count():
+    # A mesh short of some process's devices would leave that process's arrays its own,
+    # which no checkpoint of the run can hold.
+    raise ValueError(f"{jax.process_count()} processes with {jax.device_count()} devices in "
+                     f"all: config.mesh {mesh_shape(spec, jax.device_count())} must use every "
+                     "device (set one axis to -1, e.g. --config.mesh.data=-1)")
+  if devices == 1:
     return None
   return mesh_from_config(spec)
 

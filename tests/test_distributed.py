@@ -133,3 +133,15 @@ def test_other_experiments_run_as_two_processes(tmp_path, module, config):
   train = [r["step"] for r in _records(workdir) if r["kind"] == "train"]
   assert train == [1, 2]  # written once, by process 0
   assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2"]
+
+
+def test_a_mesh_short_of_the_processes_devices_is_refused_before_anything_runs(tmp_path):
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "launch.local", "--processes=2", f"--log_dir={tmp_path}",
+         "--timeout_s=300", "--", "experiments.grpo", f"--config={GRPO_TINY}",
+         f"--workdir={workdir}"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "2 processes with 2 devices in all" in proc.stderr
+  assert "--config.mesh.data=-1" in proc.stderr
+  assert not workdir.exists()
