@@ -72,7 +72,8 @@ class RejectionSampling:
     rewards = r.rewards.reshape(-1, n)
     # A reply cut at the token budget never ended: fine-tuning on it (closed by the
     # end-of-turn token) would teach the policy to stop mid-reply. It is never kept.
-    finished = (distributed.to_host(r.traj.policy_mask).sum(-1) < c.max_new_tokens).reshape(-1, n)
+    ended = distributed.to_host(r.traj.policy_mask).sum(-1) < c.max_new_tokens  # read once
+    finished = ended.reshape(-1, n)
     if c.keep_unfinished:
       finished = np.ones_like(finished)
     ranked = np.where(finished, rewards, -np.inf)
@@ -94,7 +95,7 @@ class RejectionSampling:
               "round_sample_accuracy": float(r.correct.mean()),
               "round_kept_frac": len(kept) / len(r.rewards),
               "round_finished_frac": float(
-                  (distributed.to_host(r.traj.policy_mask).sum(-1) < c.max_new_tokens).mean()),
+                  ended.mean()),
               "round_best_finished_reward_mean": float(
                   np.max(ranked, axis=1)[finished.any(axis=1)].mean()
                   if finished.any() else np.nan),

@@ -100,11 +100,6 @@ def to_host(x: Any) -> np.ndarray:
   return np.asarray(x)
 
 
-def tree_to_host(tree: Any) -> Any:
-  """`to_host` of every leaf."""
-  return jax.tree.map(to_host, tree)
-
-
 def barrier(name: str) -> None:
   """Waits until every process reaches the barrier of this name (nothing with one process)."""
   if jax.process_count() > 1:
