@@ -75,7 +75,7 @@ def ours_runner(model, ids, dtype, bs, shared_prefix=True):
                                         pad_id=model.tokenizer.pad_token_id)
   cfg = model.cfg.replace(dtype=dtype, param_dtype=dtype)
   # Cast, and laid out for `bs` rows, once outside the timing, as `Sampler` does.
-  params = sampler_lib.decoding_params(transformer.cast_params(model.params, dtype), bs)
+  params = model.cfg.decoding_params(transformer.cast_params(model.params, dtype), bs)
   prefix, rest = [], ids[:bs]
   if shared_prefix:
     prefix, rest = sampler_lib.split_shared_prefix(rest)

@@ -115,6 +115,9 @@ def load_model(config) -> zoo.Model:
     raise ValueError(f"remat={remat!r} applies to the stacked layout; set layout='stacked'")
   model = zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
   if layout == "stacked":
+    if not isinstance(model.cfg, transformer.TransformerConfig):
+      raise ValueError(f"layout='stacked' is the project's transformer's; {config.model!r} is "
+                       f"a {type(model.cfg).__name__}")
     model.params = transformer.stack_layers(model.params)
     model.cfg = model.cfg.replace(remat=remat)
   return model

@@ -36,7 +36,7 @@ from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
-from jaxrl_agents.models import transformer
+from jaxrl_agents.models import lm
 from jaxrl_agents.rollout import scoring, self_play
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Ar
                                                     turn_id=traj.turn_id, mask=traj.policy_mask)
 
 
-def grpo_loss(params, batch: GRPOBatch, *, cfg: transformer.TransformerConfig, s: GRPOSettings,
+def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
               ref_params=None, beta=0.0):
   """The policy objective on one (mini)batch: (loss, metrics)."""
   hp = s.objective
@@ -340,7 +340,7 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: transformer.TransformerConfig, s
 
 
 def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
-                optimizer: optim_lib.Optimizer, cfg: transformer.TransformerConfig,
+                optimizer: optim_lib.Optimizer, cfg: lm.CausalLM,
                 s: GRPOSettings):
   """One rollout's updates, then the KL controller's step: (state, metrics)."""
   beta = state.kl_ctl.beta if state.kl_ctl is not None else 0.0

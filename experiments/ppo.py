@@ -40,7 +40,7 @@ from jaxrl_agents import advantages as advantages_lib
 from jaxrl_agents import credit, losses, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
-from jaxrl_agents.models import heads, transformer
+from jaxrl_agents.models import heads, lm
 from jaxrl_agents.rollout import scoring
 
 CRITICS = ("shared", "separate")
@@ -112,12 +112,12 @@ def settings_from_config(config) -> PPOSettings:
       turn_lam=float(config.get("turn_lam", 0.95)))
 
 
-def forward(params, traj: types.Trajectory, *, cfg: transformer.TransformerConfig,
+def forward(params, traj: types.Trajectory, *, cfg: lm.CausalLM,
             s: PPOSettings, with_entropy: bool = False):
   """(logp f32[B, T], values f32[B, T], entropy f32[B, T] or None) at the policy tokens."""
   mask = traj.policy_mask
   hidden = scoring.policy_hidden(params["policy"], cfg, traj, group_size=s.prompt_group)
-  logits = transformer.lm_head(params["policy"], hidden, cfg)
+  logits = cfg.lm_head(params["policy"], hidden)
   logp, entropy = scoring.token_logprobs(logits, scoring.scored(traj, traj.tokens),
                                          scoring.scored(traj, mask),
                                          temperature=s.objective.temperature,
@@ -155,7 +155,7 @@ def gae_targets(s: PPOSettings, traj: types.Trajectory, old_logp, old_values, re
   return jnp.where(mask, adv, 0.0), returns
 
 
-def ppo_loss(params, batch: PPOBatch, *, cfg: transformer.TransformerConfig, s: PPOSettings):
+def ppo_loss(params, batch: PPOBatch, *, cfg: lm.CausalLM, s: PPOSettings):
   """Policy objective + vf_coef x clipped value loss on one (mini)batch: (loss, metrics)."""
   mask = batch.traj.policy_mask
   logp, values, entropy = forward(params, batch.traj, cfg=cfg, s=s, with_entropy=True)
@@ -176,7 +176,7 @@ def critic_labels(params) -> dict:
 class PPO:
   """PPO with a critic, as an `rl_loop.Algorithm`: jitted pure functions over PPOSettings."""
 
-  def __init__(self, config, model_cfg: transformer.TransformerConfig):
+  def __init__(self, config, model_cfg: lm.CausalLM):
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
     n_updates = config.steps * config.epochs * config.minibatches

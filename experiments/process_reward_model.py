@@ -43,8 +43,8 @@ from jaxrl_agents import best_of_n, harness, process_rewards, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader
 from jaxrl_agents.data import steps as steps_lib
+from jaxrl_agents.models import lm, zoo
 from jaxrl_agents.models import reward_model as rm_lib
-from jaxrl_agents.models import transformer, zoo
 from jaxrl_agents.rewards import learned
 
 
@@ -68,7 +68,7 @@ class PRMSettings:
   system: str | None
 
 
-def settings_from_config(config, cfg: transformer.TransformerConfig) -> PRMSettings:
+def settings_from_config(config, cfg: lm.CausalLM) -> PRMSettings:
   r = config.reward_model
   rm_lib.check_frozen_layers(r.frozen_layers, cfg)
   if r.max_len < 8:

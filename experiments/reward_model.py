@@ -42,8 +42,8 @@ from experiments import common, preference_data
 from jaxrl_agents import best_of_n, harness, losses, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
+from jaxrl_agents.models import lm, zoo
 from jaxrl_agents.models import reward_model as rm_lib
-from jaxrl_agents.models import transformer, zoo
 from jaxrl_agents.rewards import learned
 
 
@@ -73,7 +73,7 @@ class RMSettings:
   system: str | None
 
 
-def settings_from_config(config, cfg: transformer.TransformerConfig) -> RMSettings:
+def settings_from_config(config, cfg: lm.CausalLM) -> RMSettings:
   r = config.reward_model
   if r.pooling not in rm_lib.POOLINGS:
     raise ValueError(f"reward_model.pooling must be one of {rm_lib.POOLINGS}, got {r.pooling!r}")

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_agents.models import lm, transformer, weights, zoo
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import transformer, weights, zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 torch = pytest.importorskip("torch")
@@ -22,7 +22,7 @@ PROMPTS = ["What is 12 + 7?", "Name three primary colors.", "Tell me a joke abou
 
 
 def _ours(params, cfg, tokens, mask):
-  positions = transformer.positions_from_mask(jnp.asarray(mask))
+  positions = lm.positions_from_mask(jnp.asarray(mask))
   logits, _ = _apply(params, jnp.asarray(tokens), positions, cfg,
                      segment_ids=jnp.asarray(mask, jnp.int32))
   return np.asarray(logits)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.models import lm, transformer, zoo
 
 # Jitted once per (cfg, shape): eager scans compile op by op and are slower.
 _apply = jax.jit(transformer.apply, static_argnums=3, static_argnames="return_hidden")
@@ -19,7 +19,7 @@ def model(request):
 def _forward(params, cfg, tokens, mask=None):
   tokens = jnp.asarray(tokens)
   mask = jnp.ones(tokens.shape, bool) if mask is None else jnp.asarray(mask)
-  positions = transformer.positions_from_mask(mask)
+  positions = lm.positions_from_mask(mask)
   logits, _ = _apply(params, tokens, positions, cfg, segment_ids=mask.astype(jnp.int32))
   return np.asarray(logits)
 
@@ -59,7 +59,7 @@ def test_prefill_into_a_new_cache_equals_apply_with_an_empty_cache(model):
   tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(2, 7)), jnp.int32)
   mask = np.ones((2, 7), bool)
   mask[1, :3] = False
-  positions = transformer.positions_from_mask(jnp.asarray(mask))
+  positions = lm.positions_from_mask(jnp.asarray(mask))
   segments = jnp.asarray(mask, jnp.int32)
   want, want_cache = _apply(params, tokens, positions, cfg, segment_ids=segments,
                             cache=transformer.init_cache(cfg, 2, 10), return_hidden=True)
@@ -102,7 +102,7 @@ def test_decode_step_matches_cached_apply(model, dtype):
   mask = np.ones((3, 7), bool)
   mask[0, :2] = False  # left padding: the padded slots stay invisible while decoding
   mask[2, :5] = False
-  positions = transformer.positions_from_mask(jnp.asarray(mask))
+  positions = lm.positions_from_mask(jnp.asarray(mask))
   cache = transformer.init_cache(cfg, 3, 11)
   _, cache = _apply(params, jnp.asarray(tokens), positions, cfg,
                     segment_ids=jnp.asarray(mask, jnp.int32), cache=cache)
@@ -270,7 +270,7 @@ def test_the_stacked_layout_gives_the_same_logits_and_gradients(remat):
   assert transformer.is_stacked(stacked) and stacked["layers"]["wq"].shape[0] == cfg.n_layers
   tokens = jnp.asarray([[0, 0, 5, 9, 3, 7], [4, 8, 1, 2, 6, 3]])
   mask = jnp.asarray([[False, False, True, True, True, True], [True] * 6])
-  positions = transformer.positions_from_mask(mask)
+  positions = lm.positions_from_mask(mask)
   segments = mask.astype(jnp.int32)
 
   def loss(p, **kw):

@@ -32,19 +32,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents.models import heads, transformer
+from jaxrl_agents.models import heads, lm, transformer
 
 POOLINGS = ("last", "mean")
 
 
-def init(backbone, rng: jax.Array, cfg: transformer.TransformerConfig, head_scale: float = 0.0
+def init(backbone, rng: jax.Array, cfg: lm.CausalLM, head_scale: float = 0.0
          ) -> dict:
   """A reward model on a copy of `backbone` (a causal LM's params) and a fresh scalar head."""
   return {"backbone": jax.tree.map(jnp.copy, backbone),
           "head": heads.init_scalar_head(rng, cfg.d_model, head_scale)}
 
 
-def check_frozen_layers(frozen_layers: int, cfg: transformer.TransformerConfig) -> None:
+def check_frozen_layers(frozen_layers: int, cfg: lm.CausalLM) -> None:
+  if frozen_layers and not isinstance(cfg, transformer.TransformerConfig):
+    raise ValueError(f"frozen_layers needs the project's transformer (it names its layers); "
+                     f"{type(cfg).__name__} backbones train whole (frozen_layers=0)")
   if not 0 <= frozen_layers <= cfg.n_layers:
     raise ValueError(f"frozen_layers must be in [0, {cfg.n_layers}] (the model's layers), "
                      f"got {frozen_layers}")
@@ -67,18 +70,17 @@ def freeze(backbone, frozen_layers: int):
 
 
 def hidden_states(params, tokens: jax.Array, mask: jax.Array, *,
-                  cfg: transformer.TransformerConfig, frozen_layers: int = 0) -> jax.Array:
+                  cfg: lm.CausalLM, frozen_layers: int = 0) -> jax.Array:
   """Final normalized hidden states f[B, T, D]; each real token sees the real ones before it."""
   check_frozen_layers(frozen_layers, cfg)
-  hidden, _ = transformer.apply(
-      freeze(params["backbone"], frozen_layers), tokens, transformer.positions_from_mask(mask),
-      cfg, segment_ids=mask.astype(jnp.int32), return_hidden=True,
-      num_positions=tokens.shape[1])
+  hidden, _ = cfg.apply(
+      freeze(params["backbone"], frozen_layers), tokens, lm.positions_from_mask(mask),
+      segment_ids=mask.astype(jnp.int32), return_hidden=True, num_positions=tokens.shape[1])
   return hidden
 
 
 def token_scores(params, tokens: jax.Array, mask: jax.Array, *,
-                 cfg: transformer.TransformerConfig, frozen_layers: int = 0) -> jax.Array:
+                 cfg: lm.CausalLM, frozen_layers: int = 0) -> jax.Array:
   """f32[B, T]: the head's score at every real token (0 at padding)."""
   scores = heads.apply_scalar_head(
       params["head"], hidden_states(params, tokens, mask, cfg=cfg, frozen_layers=frozen_layers))
@@ -93,7 +95,7 @@ def last_index(mask: jax.Array) -> jax.Array:
 
 
 def outcome_rewards(params, tokens: jax.Array, mask: jax.Array, *,
-                    cfg: transformer.TransformerConfig, pooling: str = "last",
+                    cfg: lm.CausalLM, pooling: str = "last",
                     frozen_layers: int = 0, reply: jax.Array | None = None) -> jax.Array:
   """f32[B]: one reward per sequence, the score at its last real token, or with "mean" the
   mean score over the reply's tokens (`reply` bool[B, T]; all real tokens without it)."""
@@ -107,7 +109,7 @@ def outcome_rewards(params, tokens: jax.Array, mask: jax.Array, *,
 
 
 def step_scores(params, tokens: jax.Array, mask: jax.Array, ends: jax.Array,
-                step_mask: jax.Array, *, cfg: transformer.TransformerConfig,
+                step_mask: jax.Array, *, cfg: lm.CausalLM,
                 frozen_layers: int = 0) -> jax.Array:
   """f32[B, K]: a process reward model's score of each step, read at the step's end column
   (`ends` int32[B, K], `data.steps.encode_steps`); 0 where `step_mask` is False."""

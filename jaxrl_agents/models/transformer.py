@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxrl_agents.models import lm
 from jaxrl_agents.sharding import BATCH_AXES
 
 Params = dict[str, Any]
@@ -130,6 +131,30 @@ class TransformerConfig:
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
 
+  # The model contract (`lm.CausalLM`): the module's functions, with this config.
+
+  def init(self, rng: jax.Array) -> Params:
+    return init(rng, self)
+
+  def apply(self, params: Params, tokens: jax.Array, positions: jax.Array, **kwargs):
+    return apply(params, tokens, positions, self, **kwargs)
+
+  def lm_head(self, params: Params, hidden: jax.Array) -> jax.Array:
+    return lm_head(params, hidden, self)
+
+  def decode_step(self, params: Params, tokens: jax.Array, positions: jax.Array, cache,
+                  vocab_major: bool = False):
+    return decode_step(params, tokens, positions, self, cache, vocab_major=vocab_major)
+
+  def init_cache(self, batch_size: int, max_len: int, dtype: str | None = None):
+    return init_cache(self, batch_size, max_len, dtype)
+
+  def decoding_params(self, params: Params, rows: int) -> Params:
+    """One row's projections are matrix-vector products, faster over stacked matrices
+    (`fuse_projections`); more rows gained nothing from them. Stacking copies the
+    weights, so prepare this once, outside repeated calls."""
+    return fuse_projections(params) if rows == 1 else params
+
   @property
   def num_params(self) -> int:
     d, f, dh = self.d_model, self.ffn_dim, self.head_dim
@@ -172,18 +197,6 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int,
       k=tuple(jnp.zeros(k_shape, dt) for _ in range(cfg.n_layers)),
       v=tuple(jnp.zeros(v_shape, dt) for _ in range(cfg.n_layers)),
       valid=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
-
-
-def repeat_cache(cache: KVCache, repeats: int) -> KVCache:
-  """Each row of the cache `repeats` times: row i becomes rows [i * repeats, (i + 1) * repeats).
-
-  Samples and completions of one prompt share its prefix: prefill the P
-  distinct prompts once, then repeat their cache for the P * repeats rows.
-  Differentiable: the gradient of a repeated row sums over its copies.
-  """
-  rep = lambda x: jnp.repeat(x, repeats, axis=0)
-  return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)), valid=rep(cache.valid),
-                 index=cache.index)
 
 
 def init(rng: jax.Array, cfg: TransformerConfig) -> Params:
@@ -517,9 +530,7 @@ def apply(
   if cache is None:
     if new_cache_len is not None and new_cache_len < t:
       raise ValueError(f"new_cache_len {new_cache_len} < {t} tokens")
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    allowed = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
-               & token_valid[:, None, :])
+    allowed = lm.attention_allowed(segment_ids)
     heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [B, T, K, Dh] -> [B, K, T, Dh]
     new_k, new_v = [], []
 
@@ -551,13 +562,11 @@ def apply(
   else:
     if new_cache_len is not None:
       raise ValueError("new_cache_len is for a prefill without a cache; got a cache too")
-    max_len = cache.valid.shape[1]
     if cache.valid.shape[0] != b:
       raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {b}")
     start = cache.index
     valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
-    query_slot = start + jnp.arange(t)
-    allowed = (jnp.arange(max_len)[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+    allowed = lm.cached_attention_allowed(valid, start, t)
     zero = jnp.zeros((), jnp.int32)
     new_k, new_v = [], []
 
@@ -695,7 +704,7 @@ def fuse_projections(params: Params) -> Params:
   large matrices per layer faster than five smaller ones: a float32 SmolLM2
   decode step at batch 1 took 26.6 instead of 28.1 ms; with more rows it
   gained nothing (bf16 at batch 32 was 2-3% slower, about the noise). Stack
-  once, outside the calls (`sampler.decoding_params`): the copy took
+  once, outside the calls (`TransformerConfig.decoding_params`): the copy took
   ~70 ms, about what it saves over 64 tokens. Training keeps the separate
   matrices (the checkpoint layout).
   """
@@ -709,11 +718,6 @@ def fuse_projections(params: Params) -> Params:
     fused["w_gate_up"] = jnp.concatenate([layer["w_gate"], layer["w_up"]])
     layers.append(fused)
   return {**params, "layers": layers}
-
-
-def positions_from_mask(mask: jax.Array) -> jax.Array:
-  """RoPE positions int[B, T] for a bool[B, T] token mask: 0, 1, ... over real tokens."""
-  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
 def cast_params(params: Params, dtype: str) -> Params:

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents.envs import base
+from jaxrl_agents.models import lm
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import multiturn, shapes
 from jaxrl_agents.rollout import sampler as sampler_lib
 
@@ -242,7 +242,7 @@ def _first_messages(episodes, group_size: int, timeout_s: float, fails: _Failure
   return texts
 
 
-def rollout(params, cfg: transformer.TransformerConfig, tok, env: base.HostEnv,
+def rollout(params, cfg: lm.CausalLM, tok, env: base.HostEnv,
             tasks: Sequence[Any], rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
             group_size: int, num_turns: int, obs_tokens: int, step_timeout_s: float,
             system: str | None = None, score_answers: bool = False,

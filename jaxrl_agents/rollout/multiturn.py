@@ -34,8 +34,8 @@ import jax.numpy as jnp
 
 from jaxrl_agents import types
 from jaxrl_agents.envs import base
+from jaxrl_agents.models import lm
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 
@@ -183,7 +183,7 @@ class Carry(NamedTuple):
   answers: base.Tokens | None = None
 
 
-def start(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate, tasks: Any,
+def start(params, cfg: lm.CausalLM, env, template: TurnTemplate, tasks: Any,
           rng: jax.Array, sampling: sampler_lib.SamplingConfig, *, group_size: int,
           num_turns: int, score_answers: bool = False) -> tuple[Carry, base.Tokens]:
   """Resets P environments and prefills their prompts G times: (the first Carry, the
@@ -209,13 +209,13 @@ def start(params, cfg: transformer.TransformerConfig, env, template: TurnTemplat
   return Carry(context, states, jnp.zeros((p * group_size,), bool), answers), prompt
 
 
-def score_answer(params, cfg: transformer.TransformerConfig, carry: Carry) -> jax.Array:
+def score_answer(params, cfg: lm.CausalLM, carry: Carry) -> jax.Array:
   """f32[B]: the gold answers' mean log-prob per token as the next reply (`Episodes`)."""
   return sampler_lib.answer_logprob(params, cfg, carry.context, carry.answers.ids,
                                     carry.answers.mask)
 
 
-def play_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate,
+def play_turn(params, cfg: lm.CausalLM, env, template: TurnTemplate,
               sampling: sampler_lib.SamplingConfig, carry: Carry, rng: jax.Array, k, *,
               num_turns: int) -> tuple[Carry, dict]:
   """Turn k: decode the live rows' replies, step their environments, append the answers.
@@ -274,7 +274,7 @@ def finish(prompt: base.Tokens, turns: dict, group_size: int,
 
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "template", "sampling", "group_size",
                                              "num_turns", "score_answers"))
-def rollout(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate,
+def rollout(params, cfg: lm.CausalLM, env, template: TurnTemplate,
             tasks: Any, rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
             group_size: int, num_turns: int, score_answers: bool = False) -> Episodes:
   """G episodes of each of P tasks, at most `num_turns` turns of at most
@@ -347,7 +347,7 @@ _play_turn = jax.jit(play_turn, static_argnames=("cfg", "env", "template", "samp
                                                  "num_turns"))
 
 
-def rollout_by_turn(params, cfg: transformer.TransformerConfig, env, template: TurnTemplate,
+def rollout_by_turn(params, cfg: lm.CausalLM, env, template: TurnTemplate,
                     tasks: Any, rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
                     group_size: int, num_turns: int, score_answers: bool = False) -> Episodes:
   """`rollout` with the turns driven from Python (one jitted program per turn).

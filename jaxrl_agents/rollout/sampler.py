@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_agents.models import lm
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import shapes
 
 
@@ -207,11 +207,11 @@ class Continuation(NamedTuple):
   """
 
   logits: jax.Array
-  cache: transformer.KVCache
+  cache: Any
   next_position: jax.Array
 
 
-def prefill(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
+def prefill(params, cfg: lm.CausalLM, prompt_tokens: jax.Array,
             prompt_mask: jax.Array, *, cache_len: int, samples_per_prompt: int = 1,
             prefix_tokens: jax.Array | None = None) -> Continuation:
   """Runs left-padded prompts into a fresh cache of `cache_len` slots per row.
@@ -245,42 +245,42 @@ def prefill(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array
   # they are stored, so the numbers are the bf16 cache's.
   segments = prompt_mask.astype(jnp.int32)
   if lx == 0:
-    hidden, cache = transformer.apply(
-        params, prompt_tokens, transformer.positions_from_mask(prompt_mask), cfg,
+    hidden, cache = cfg.apply(
+        params, prompt_tokens, lm.positions_from_mask(prompt_mask),
         segment_ids=segments, return_hidden=True, new_cache_len=cache_len,
         cache_dtype="float32", num_positions=prompt_len)
   else:
-    _, cache = transformer.apply(
-        params, prefix_tokens[None], jnp.arange(lx, dtype=jnp.int32)[None], cfg,
+    _, cache = cfg.apply(
+        params, prefix_tokens[None], jnp.arange(lx, dtype=jnp.int32)[None],
         return_hidden=True, new_cache_len=cache_len, cache_dtype="float32",
         num_positions=lx)
-    hidden, cache = transformer.apply(
-        params, prompt_tokens, lx + transformer.positions_from_mask(prompt_mask), cfg,
-        segment_ids=segments, cache=transformer.repeat_cache(cache, prompt_tokens.shape[0]),
+    hidden, cache = cfg.apply(
+        params, prompt_tokens, lx + lm.positions_from_mask(prompt_mask),
+        segment_ids=segments, cache=lm.repeat_cache(cache, prompt_tokens.shape[0]),
         return_hidden=True, num_positions=lx + prompt_len)
-  logits = transformer.lm_head(params, hidden[:, -1], cfg).T  # vocabulary-major [V, P]
+  logits = cfg.lm_head(params, hidden[:, -1]).T  # vocabulary-major [V, P]
   next_position = lx + prompt_mask.sum(axis=-1).astype(jnp.int32)
   if samples_per_prompt > 1:
-    cache = transformer.repeat_cache(cache, samples_per_prompt)
+    cache = lm.repeat_cache(cache, samples_per_prompt)
     logits = jnp.repeat(logits, samples_per_prompt, axis=1)
     next_position = jnp.repeat(next_position, samples_per_prompt, axis=0)
   return Continuation(logits=logits.astype(jnp.float32), cache=cache,
                       next_position=next_position)
 
 
-def _run_block(params, cfg: transformer.TransformerConfig, context: Continuation,
+def _run_block(params, cfg: lm.CausalLM, context: Continuation,
                tokens: jax.Array, mask: jax.Array):
   """(hidden states f[B, T, D], the cache with the block written) of a block of tokens after
   what `context` holds; padding is skipped by attention and positions."""
   if tokens.shape != mask.shape or tokens.shape[0] != context.next_position.shape[0]:
     raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be [B, T] with "
                      f"B = {context.next_position.shape[0]} rows")
-  positions = context.next_position[:, None] + transformer.positions_from_mask(mask)
-  return transformer.apply(params, tokens, positions, cfg, segment_ids=mask.astype(jnp.int32),
+  positions = context.next_position[:, None] + lm.positions_from_mask(mask)
+  return cfg.apply(params, tokens, positions, segment_ids=mask.astype(jnp.int32),
                            cache=context.cache, return_hidden=True)
 
 
-def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
+def extend(params, cfg: lm.CausalLM, context: Continuation,
            tokens: jax.Array, mask: jax.Array) -> Continuation:
   """Appends a left-padded block of tokens to every row's cache.
 
@@ -301,13 +301,13 @@ def extend(params, cfg: transformer.TransformerConfig, context: Continuation,
     The Continuation after the block.
   """
   hidden, cache = _run_block(params, cfg, context, tokens, mask)
-  logits = transformer.lm_head(params, hidden[:, -1], cfg).T.astype(jnp.float32)
+  logits = cfg.lm_head(params, hidden[:, -1]).T.astype(jnp.float32)
   appended = jnp.any(mask, axis=1)
   return Continuation(logits=jnp.where(appended[None, :], logits, context.logits), cache=cache,
                       next_position=context.next_position + mask.sum(-1).astype(jnp.int32))
 
 
-def answer_logprob(params, cfg: transformer.TransformerConfig, context: Continuation,
+def answer_logprob(params, cfg: lm.CausalLM, context: Continuation,
                    tokens: jax.Array, mask: jax.Array) -> jax.Array:
   """The mean log-probability per token of an answer continuing each row: f32[B].
 
@@ -324,7 +324,7 @@ def answer_logprob(params, cfg: transformer.TransformerConfig, context: Continua
   hidden, _ = _run_block(params, cfg, context, tokens, mask)
   # Column i's hidden state predicts token i + 1; the context's logits predict token 0.
   logits = jnp.concatenate([context.logits.T[:, None, :],
-                            transformer.lm_head(params, hidden[:, :-1], cfg)], axis=1)
+                            cfg.lm_head(params, hidden[:, :-1])], axis=1)
   logp = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1),
                              tokens[..., None], axis=-1)[..., 0]
   return jnp.sum(jnp.where(mask, logp, 0.0), -1) / jnp.maximum(mask.sum(-1), 1)
@@ -347,7 +347,7 @@ def _pick_and_record(state, logits, step, *, sampling: SamplingConfig):
   return (rng, tokens, logp, slogp, done), token, live
 
 
-def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rng: jax.Array,
+def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
            sampling: SamplingConfig, max_steps: jax.Array | int | None = None, *,
            active: jax.Array | None = None, keep_cache: bool = False
            ) -> tuple[SampleOutput, Continuation | None]:
@@ -399,7 +399,7 @@ def decode(params, cfg: transformer.TransformerConfig, context: Continuation, rn
 
   def body(carry):
     step, cache, state, token, lengths = carry
-    logits, cache = transformer.decode_step(params, token, start_position + step - 1, cfg,
+    logits, cache = cfg.decode_step(params, token, start_position + step - 1,
                                             cache, vocab_major=True)
     state, token, live = pick_and_record(state, logits, step)
     return step + 1, cache, state, token, lengths + live.astype(jnp.int32)
@@ -420,7 +420,7 @@ def _close_block(params, cfg, cache, out: SampleOutput, last_token, start_slot, 
                  start_position) -> Continuation:
   """The Continuation after a decoded block: the loop wrote all tokens but the last; write it
   (a finished row writes padding, marked invalid here) and fix the block's width at N."""
-  logits, cache = transformer.decode_step(params, last_token, last_position, cfg, cache,
+  logits, cache = cfg.decode_step(params, last_token, last_position, cache,
                                           vocab_major=True)
   valid = jax.lax.dynamic_update_slice(cache.valid, out.mask, (0, start_slot))
   cache = cache._replace(valid=valid, index=start_slot + out.tokens.shape[1])
@@ -429,7 +429,7 @@ def _close_block(params, cfg, cache, out: SampleOutput, last_token, start_slot, 
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "samples_per_prompt"))
-def generate(params, cfg: transformer.TransformerConfig, prompt_tokens: jax.Array,
+def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, rng: jax.Array, sampling: SamplingConfig,
              max_steps: jax.Array | int | None = None,
              samples_per_prompt: int = 1,
@@ -497,20 +497,12 @@ def split_shared_prefix(ids: list[list[int]], multiple: int = shapes.PREFIX_MULT
   return list(ids[0][:common]), [list(s[common:]) for s in ids]
 
 
-def decoding_params(params, rows: int):
-  """The parameter layout `generate` decodes `rows` rows fastest with: one row's
-  projections are matrix-vector products, faster over stacked matrices
-  (`transformer.fuse_projections`); more rows gained nothing from them. Stacking
-  copies the weights, so prepare this once, outside repeated calls."""
-  return transformer.fuse_projections(params) if rows == 1 else params
-
-
 class Sampler:
   """Text in, text out, over the jitted `generate` with bucketed shapes."""
 
   def __init__(self, model, chat: bool = True, system: str | None = None):
     self.model = model
-    self._decoding_params = {}  # rows == 1 -> `decoding_params`, prepared on first use
+    self._decoding_params = {}  # rows == 1 -> `cfg.decoding_params`, prepared on first use
     self.chat = chat
     self.system = system
     self.stop_tokens = tokenizer_lib.stop_token_ids(model.tokenizer)
@@ -553,7 +545,7 @@ class Sampler:
 
   def _params_for(self, rows: int):
     if (rows == 1) not in self._decoding_params:
-      self._decoding_params[rows == 1] = decoding_params(self.model.params, rows)
+      self._decoding_params[rows == 1] = self.model.cfg.decoding_params(self.model.params, rows)
     return self._decoding_params[rows == 1]
 
   def __call__(self, prompts: list[str], rng: jax.Array | None = None,

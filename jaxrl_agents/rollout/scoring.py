@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents.losses.entropy import softmax_terms
-from jaxrl_agents.models import transformer
+from jaxrl_agents.models import lm
 from jaxrl_agents.types import Trajectory
 
 
@@ -60,7 +60,7 @@ def to_stream(x: jax.Array, traj: Trajectory) -> jax.Array:
   return out.at[:, scored_columns(traj)].set(x)
 
 
-def policy_hidden(params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
+def policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *,
                   group_size: int = 1) -> jax.Array:
   """Final hidden states f[B, C, D] that predict each scored column (`scored_columns`).
 
@@ -74,10 +74,10 @@ def policy_hidden(params, cfg: transformer.TransformerConfig, traj: Trajectory, 
   """
   lp, t = traj.prompt_width, traj.tokens.shape[1]
   n = t - lp
-  positions = transformer.positions_from_mask(traj.valid)
+  positions = lm.positions_from_mask(traj.valid)
   segments = traj.valid.astype(jnp.int32)
   if group_size == 1:
-    hidden, _ = transformer.apply(params, traj.tokens, positions, cfg, segment_ids=segments,
+    hidden, _ = cfg.apply(params, traj.tokens, positions, segment_ids=segments,
                                   return_hidden=True, num_positions=t)
     hidden = hidden[:, lp - 1: t - 1]
   else:
@@ -85,17 +85,17 @@ def policy_hidden(params, cfg: transformer.TransformerConfig, traj: Trajectory, 
     if group_size < 1 or b % group_size:
       raise ValueError(f"batch of {b} rows is not a whole number of groups of {group_size}")
     prompt_valid = traj.valid[::group_size, :lp]
-    prompt_hidden, cache = transformer.apply(
-        params, traj.tokens[::group_size, :lp], transformer.positions_from_mask(prompt_valid),
-        cfg, segment_ids=prompt_valid.astype(jnp.int32), return_hidden=True,
-        new_cache_len=t - 1, num_positions=lp)
+    prompt_hidden, cache = cfg.apply(
+        params, traj.tokens[::group_size, :lp], lm.positions_from_mask(prompt_valid),
+        segment_ids=prompt_valid.astype(jnp.int32), return_hidden=True, new_cache_len=t - 1,
+        num_positions=lp)
     # The last prompt column predicts the first column after it; the last
     # column is never an input.
     hidden = jnp.repeat(prompt_hidden[:, -1:], group_size, axis=0)
     if n > 1:
-      rest, _ = transformer.apply(
-          params, traj.tokens[:, lp:-1], positions[:, lp:-1], cfg,
-          segment_ids=segments[:, lp:-1], cache=transformer.repeat_cache(cache, group_size),
+      rest, _ = cfg.apply(
+          params, traj.tokens[:, lp:-1], positions[:, lp:-1],
+          segment_ids=segments[:, lp:-1], cache=lm.repeat_cache(cache, group_size),
           return_hidden=True, num_positions=t)
       hidden = jnp.concatenate([hidden, rest], axis=1)
   rows = predictor_columns(traj.valid, lp) - (lp - 1)
@@ -131,14 +131,14 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
   return logp, entropy if with_entropy else None
 
 
-def policy_logits(params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
+def policy_logits(params, cfg: lm.CausalLM, traj: Trajectory, *,
                   group_size: int = 1) -> jax.Array:
   """f32[B, C, V] logits predicting each scored column (see `policy_hidden`)."""
-  return transformer.lm_head(params, policy_hidden(params, cfg, traj, group_size=group_size), cfg)
+  return cfg.lm_head(params, policy_hidden(params, cfg, traj, group_size=group_size))
 
 
 def policy_logprobs(
-    params, cfg: transformer.TransformerConfig, traj: Trajectory, *,
+    params, cfg: lm.CausalLM, traj: Trajectory, *,
     temperature: float = 1.0, with_entropy: bool = False, group_size: int = 1
 ) -> tuple[jax.Array, jax.Array | None]:
   """log pi_T(token | everything valid before it) at every policy token of the stream.
@@ -163,7 +163,7 @@ def policy_logprobs(
 
 
 def reply_logprobs(params, tokens: jax.Array, mask: jax.Array, reply: jax.Array, *,
-                   cfg: transformer.TransformerConfig) -> jax.Array:
+                   cfg: lm.CausalLM) -> jax.Array:
   """f32[B, R]: log pi(token | the real tokens before it) at each reply token of the last R
   columns, 0 elsewhere.
 
@@ -178,12 +178,12 @@ def reply_logprobs(params, tokens: jax.Array, mask: jax.Array, reply: jax.Array,
   w, r = tokens.shape[1], reply.shape[1]
   if r > w:
     raise ValueError(f"reply mask of {r} columns for sequences of {w}")
-  hidden, _ = transformer.apply(params, tokens, transformer.positions_from_mask(mask), cfg,
+  hidden, _ = cfg.apply(params, tokens, lm.positions_from_mask(mask),
                                 segment_ids=mask.astype(jnp.int32), return_hidden=True,
                                 num_positions=w)
   # Column c is predicted from column c - 1; the first column has no predictor.
   first = max(w - r, 1)
-  logits = transformer.lm_head(params, hidden[:, first - 1:w - 1], cfg)
+  logits = cfg.lm_head(params, hidden[:, first - 1:w - 1])
   # A reply token counts only when a real token precedes it (its prediction's input).
   counted = reply[:, first - (w - r):] & mask[:, first - 1:w - 1]
   logp, _ = token_logprobs(logits, tokens[:, first:], counted)

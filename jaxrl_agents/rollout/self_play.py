@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents.envs import base
-from jaxrl_agents.models import transformer
+from jaxrl_agents.models import lm
 from jaxrl_agents.rollout import multiturn
 from jaxrl_agents.rollout import sampler as sampler_lib
 
@@ -86,7 +86,7 @@ def _per_row(x: jax.Array) -> jax.Array:
   return jnp.repeat(x, PLAYERS, axis=0)
 
 
-def start(params, cfg: transformer.TransformerConfig, env, template: multiturn.TurnTemplate,
+def start(params, cfg: lm.CausalLM, env, template: multiturn.TurnTemplate,
           tasks: Any, rng: jax.Array, sampling: sampler_lib.SamplingConfig, *, group_size: int,
           num_plies: int) -> tuple[Carry, base.Tokens]:
   """Resets G games of each of P tasks and prefills every row with the template's opening:
@@ -108,7 +108,7 @@ def start(params, cfg: transformer.TransformerConfig, env, template: multiturn.T
                jnp.ones((rows,), bool)), opening
 
 
-def play_ply(params, cfg: transformer.TransformerConfig, env, template: multiturn.TurnTemplate,
+def play_ply(params, cfg: lm.CausalLM, env, template: multiturn.TurnTemplate,
              sampling: sampler_lib.SamplingConfig, carry: Carry, rng: jax.Array, k, *,
              num_plies: int) -> tuple[Carry, dict]:
   """Ply k: the players to move read their messages, reply, and their games step.
@@ -172,7 +172,7 @@ def finish(opening: base.Tokens, plies: dict) -> multiturn.Episodes:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "template", "sampling", "group_size",
                                              "num_plies"))
-def rollout(params, cfg: transformer.TransformerConfig, env, template: multiturn.TurnTemplate,
+def rollout(params, cfg: lm.CausalLM, env, template: multiturn.TurnTemplate,
             tasks: Any, rng: jax.Array, sampling: sampler_lib.SamplingConfig, *,
             group_size: int, num_plies: int) -> multiturn.Episodes:
   """G self-play games of each of P tasks, at most `num_plies` plies of at most

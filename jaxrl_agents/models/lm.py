@@ -1,0 +1,132 @@
+"""The model contract: what the sampler, scoring, losses, heads and sharding need from a policy.
+
+A model is two objects:
+
+- `params`, a pytree of arrays. Nested dicts read best: the sharding rules
+  (`sharding.RULES`) and checkpoints name leaves by their path, and the
+  optimizer, the checkpoints and the losses treat the tree as opaque.
+- a model definition, called `cfg` throughout the library: an immutable,
+  hashable object that says how to run `params`. It is passed to `jax.jit` as a
+  static argument, so two equal definitions share compiled programs.
+
+The definition provides (`CausalLM`):
+
+| member | what |
+|---|---|
+| `vocab_size`, `d_model`, `n_layers` | V, the hidden width heads read (D), the depth |
+| `dtype`, `param_dtype` | compute and storage dtype names ("float32", "bfloat16") |
+| `activation_mesh` | None, or the mesh whose data x fsdp axes split activation rows |
+| `init(rng)` | random params |
+| `apply(params, tokens, positions, ...)` | the forward pass, with or without a cache (below) |
+| `lm_head(params, hidden)` | f32 logits from `apply(..., return_hidden=True)`'s hidden states |
+| `decode_step(params, tokens, positions, cache)` | one token per row through the cache |
+| `init_cache(batch, max_len)` | an empty cache of `max_len` slots per row |
+| `decoding_params(params, rows)` | the params layout decoding `rows` rows runs fastest with |
+| `replace(**changes)` | a copy with fields changed (`dtype`, `param_dtype`, `activation_mesh`) |
+
+`apply(params, tokens int[B, T], positions int[B, T], *, segment_ids=None,
+cache=None, return_hidden=False, new_cache_len=None, cache_dtype=None,
+num_positions=None)` returns (f32 logits [B, T, V] or hidden states [B, T, D],
+the new cache or None):
+- without a cache, token i attends to token j iff j <= i and both carry the
+  same nonzero segment id (segment 0 is padding); `new_cache_len` also
+  returns a cache of that many slots holding the T tokens (a prefill);
+- with a cache, the T tokens take slots [index, index + T) of every row and
+  attend to every valid slot up to their own; padding is written but marked
+  invalid.
+`num_positions` is a static bound on the positions a model may use to
+precompute tables; `cache_dtype` the new cache's dtype; both are hints a model
+may ignore.
+
+The cache is a NamedTuple with `valid: bool[B, S]` (which slots hold real
+tokens) and `index: int32[]` (the next slot every row writes); its other
+leaves are the model's buffers, each with the batch as its leading axis. The
+sampler rewrites `valid` and `index` itself, and `repeat_cache` copies rows.
+
+Implementations: `transformer.TransformerConfig` (the project's Llama-family
+decoder, pure functions over dict params) and `flax_lm.FlaxLM` (any Flax
+linen or NNX language model, Gemma among them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+Params = Any
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+  """A model definition (see the module docstring)."""
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  dtype: str
+  param_dtype: str
+  activation_mesh: Any
+
+  def init(self, rng: jax.Array) -> Params: ...
+
+  def apply(self, params: Params, tokens: jax.Array, positions: jax.Array, **kwargs
+            ) -> tuple[jax.Array, Any]: ...
+
+  def lm_head(self, params: Params, hidden: jax.Array) -> jax.Array: ...
+
+  def decode_step(self, params: Params, tokens: jax.Array, positions: jax.Array, cache: Any,
+                  vocab_major: bool = False) -> tuple[jax.Array, Any]: ...
+
+  def init_cache(self, batch_size: int, max_len: int, dtype: str | None = None) -> Any: ...
+
+  def decoding_params(self, params: Params, rows: int) -> Params: ...
+
+  def replace(self, **changes) -> CausalLM: ...
+
+
+def check_definition(cfg: Any) -> None:
+  """Raises a TypeError naming what `cfg` lacks of the contract."""
+  missing = [name for name in ("vocab_size", "d_model", "n_layers", "dtype", "param_dtype",
+                               "activation_mesh", "init", "apply", "lm_head", "decode_step",
+                               "init_cache", "decoding_params", "replace")
+             if not hasattr(cfg, name)]
+  if missing:
+    raise TypeError(f"{type(cfg).__name__} is not a model definition (jaxrl_agents.models.lm): "
+                    f"it lacks {', '.join(missing)}")
+  try:
+    hash(cfg)
+  except TypeError as e:
+    raise TypeError(f"a model definition must be hashable (jit takes it as static): {e}") from e
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Positions int[B, T] for a bool[B, T] token mask: 0, 1, ... over real tokens."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def repeat_cache(cache: Any, repeats: int) -> Any:
+  """Each row of a cache `repeats` times: row i becomes rows [i * repeats, (i + 1) * repeats).
+
+  Samples and completions of one prompt share its prefix: prefill the P
+  distinct prompts once, then repeat their cache for the P * repeats rows.
+  Every leaf but the scalar write index has the batch first (the contract).
+  Differentiable: the gradient of a repeated row sums over its copies.
+  """
+  return jax.tree.map(lambda x: jnp.repeat(x, repeats, axis=0) if x.ndim else x, cache)
+
+
+def attention_allowed(segment_ids: jax.Array) -> jax.Array:
+  """bool[B, T, T] for a cacheless pass: causal, within a segment, never onto padding."""
+  t = segment_ids.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  return (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+          & (segment_ids != 0)[:, None, :])
+
+
+def cached_attention_allowed(valid: jax.Array, start: jax.Array, t: int) -> jax.Array:
+  """bool[B, T, S] for T tokens written at slots [start, start + T) of a cache whose slots
+  `valid` (already updated with them) says are real: each sees the valid slots up to its own."""
+  query_slot = start + jnp.arange(t)
+  return (jnp.arange(valid.shape[1])[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
