@@ -47,7 +47,8 @@ def main(argv=None) -> int:
 
   start = time.time()
   model = zoo.load(args.model, dtype=args.dtype)
-  logging.info("loaded %s (%.1fM params) in %.1fs", model.name, model.cfg.num_params / 1e6,
+  num_params = sum(leaf.size for leaf in jax.tree.leaves(model.params))
+  logging.info("loaded %s (%.1fM params) in %.1fs", model.name, num_params / 1e6,
                time.time() - start)
   sampler = Sampler(model, chat=args.chat, system=args.system)
   start = time.time()

@@ -14,6 +14,7 @@ The definition provides (`CausalLM`):
 | member | what |
 |---|---|
 | `vocab_size`, `d_model`, `n_layers` | V, the hidden width heads read (D), the depth |
+| `max_seq_len` | the longest context the model was trained for |
 | `dtype`, `param_dtype` | compute and storage dtype names ("float32", "bfloat16") |
 | `activation_mesh` | None, or the mesh whose data x fsdp axes split activation rows |
 | `init(rng)` | random params |
@@ -65,6 +66,7 @@ class CausalLM(Protocol):
   vocab_size: int
   d_model: int
   n_layers: int
+  max_seq_len: int
   dtype: str
   param_dtype: str
   activation_mesh: Any
@@ -88,10 +90,10 @@ class CausalLM(Protocol):
 
 def check_definition(cfg: Any) -> None:
   """Raises a TypeError naming what `cfg` lacks of the contract."""
-  missing = [name for name in ("vocab_size", "d_model", "n_layers", "dtype", "param_dtype",
-                               "activation_mesh", "init", "apply", "lm_head", "decode_step",
-                               "init_cache", "decoding_params", "replace")
-             if not hasattr(cfg, name)]
+  members = ("vocab_size", "d_model", "n_layers", "max_seq_len", "dtype", "param_dtype",
+             "activation_mesh", "init", "apply", "lm_head", "decode_step", "init_cache",
+             "decoding_params", "replace")
+  missing = [name for name in members if not hasattr(cfg, name)]
   if missing:
     raise TypeError(f"{type(cfg).__name__} is not a model definition (jaxrl_agents.models.lm): "
                     f"it lacks {', '.join(missing)}")

