@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 from jaxrl_agents import checkpointing
-from jaxrl_agents.models import weights, zoo
+from jaxrl_agents.models import zoo
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,14 +116,13 @@ def main(argv=None) -> int:
     except FileNotFoundError as e:
       raise SystemExit(f"--workdir {args.workdir!r}: {e}") from None
     model = zoo.load(args.model or meta["config"]["model"])
-    weights.check_params(params, model.cfg)
+    zoo.check_params(params, model.cfg, args.workdir)
     model.params = params
     source = f"{args.workdir} (step {step})"
   else:
     model = zoo.load(args.model or zoo.DEFAULT_MODEL)
     source = model.name
-  _write_clean(out, lambda d: weights.save_hf_dir(model.params, model.cfg, d,
-                                                  tokenizer=model.tokenizer))
+  _write_clean(out, lambda d: zoo.save_hf_dir(model, d))
   logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
   return 0
 

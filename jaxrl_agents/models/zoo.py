@@ -167,9 +167,56 @@ def names() -> list[str]:
 
 
 def load_dir(path: str, name: str | None = None) -> Model:
-  params, cfg = weights.load_hf_dir(path)
+  """A Hugging Face directory: a Llama-family model (the project's transformer) or a Gemma 3
+  (`models/gemma.py` through `flax_lm`)."""
+  from jaxrl_agents.models import gemma_hf
+
+  if gemma_hf.is_gemma_dir(path):
+    from jaxrl_agents.models import gemma
+
+    params, gemma_cfg = gemma_hf.load_hf_dir(path)
+    cfg = gemma.definition(gemma_cfg)
+  else:
+    params, cfg = weights.load_hf_dir(path)
   tok = tokenizer_lib.load_tokenizer(path)
   return Model(params=params, cfg=cfg, tokenizer=tok, name=name or path)
+
+
+def _gemma_config(cfg: lm.CausalLM):
+  """The GemmaConfig behind a model definition, or None."""
+  module = getattr(cfg, "module", None)
+  return getattr(module, "cfg", None) if type(module).__name__ == "Gemma" else None
+
+
+def check_params(params: Any, cfg: lm.CausalLM, source: str = "params") -> None:
+  """Raises ValueError naming `source` and the weight when `params` does not fit `cfg`."""
+  if isinstance(cfg, transformer.TransformerConfig):
+    return weights.check_params(params, cfg, source)
+  expected = dict(jax.tree_util.tree_leaves_with_path(jax.eval_shape(cfg.init,
+                                                                     jax.random.key(0))))
+  actual = dict(jax.tree_util.tree_leaves_with_path(params))
+  for path in sorted(set(expected) | set(actual), key=jax.tree_util.keystr):
+    name = jax.tree_util.keystr(path)
+    if path not in actual:
+      raise ValueError(f"{source}: weight {name} is missing")
+    if path not in expected:
+      raise ValueError(f"{source}: weight {name} is not in the model")
+    if tuple(np.shape(actual[path])) != tuple(expected[path].shape):
+      raise ValueError(f"{source}: weight {name} has shape {tuple(np.shape(actual[path]))}, "
+                       f"but the model has {tuple(expected[path].shape)}")
+
+
+def save_hf_dir(model: Model, out_dir: str) -> None:
+  """Writes `model` as a Hugging Face directory (float32 safetensors, config, tokenizer)."""
+  if isinstance(model.cfg, transformer.TransformerConfig):
+    return weights.save_hf_dir(model.params, model.cfg, out_dir, tokenizer=model.tokenizer)
+  gemma_cfg = _gemma_config(model.cfg)
+  if gemma_cfg is None:
+    raise ValueError(f"no Hugging Face export for a {type(model.cfg).__name__}; the project's "
+                     "transformer and Gemma export (save a Flax model's params with orbax)")
+  from jaxrl_agents.models import gemma_hf
+
+  gemma_hf.save_hf_dir(model.params, gemma_cfg, out_dir, tokenizer=model.tokenizer)
 
 
 def load_gguf_file(path: str) -> Model:
