@@ -44,6 +44,14 @@ RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
     (r"(^|/)(wq|wk|wv|w_gate|w_up)$", ("tensor", "fsdp")),  # [heads * dh or F, D]
     (r"(^|/)(wo|w_down)$", ("fsdp", "tensor")),  # [D, heads * dh or F]
     (r"(^|/)(bq|bk|bv)$", ("tensor",)),  # Qwen2's q/k/v biases
+    # Gemma (`models/gemma.py`, the gemma library's names), weights stored [in, out]-wise
+    # per head: heads and MLP columns over tensor, the model width over fsdp.
+    (r"(^|/)embedder/input_embedding$", ("tensor", "fsdp")),  # [V, D]
+    (r"(^|/)q_einsum/w$", ("tensor", "fsdp")),  # [N, D, H]
+    (r"(^|/)(kv_einsum|qkv_einsum)/w$", (None, "tensor", "fsdp")),  # [2 or 3, K or N, D, H]
+    (r"(^|/)attn_vec_einsum/w$", ("tensor", None, "fsdp")),  # [N, H, D]
+    (r"(^|/)gating_einsum/w$", (None, "tensor", "fsdp")),  # [2, F, D]
+    (r"(^|/)mlp/linear/w$", ("tensor", "fsdp")),  # [F, D]
 )
 
 

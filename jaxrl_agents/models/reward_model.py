@@ -28,6 +28,8 @@ response, whose hidden state has seen all of it.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,19 +47,31 @@ def init(backbone, rng: jax.Array, cfg: lm.CausalLM, head_scale: float = 0.0
 
 
 def check_frozen_layers(frozen_layers: int, cfg: lm.CausalLM) -> None:
-  if frozen_layers and not isinstance(cfg, transformer.TransformerConfig):
-    raise ValueError(f"frozen_layers needs the project's transformer (it names its layers); "
-                     f"{type(cfg).__name__} backbones train whole (frozen_layers=0)")
   if not 0 <= frozen_layers <= cfg.n_layers:
     raise ValueError(f"frozen_layers must be in [0, {cfg.n_layers}] (the model's layers), "
                      f"got {frozen_layers}")
 
 
+_FLAX_LAYER = re.compile(r"layer_(\d+)")  # a Flax model's layer scopes (Gemma: "layer_3")
+
+
 def freeze(backbone, frozen_layers: int):
-  """The backbone with the embedding and the first `frozen_layers` layers under stop_gradient."""
+  """The backbone with the embedding and the first `frozen_layers` layers under stop_gradient.
+
+  The project's transformer names them "embed" and "layers"; a Flax model (Gemma and
+  linen's default naming) "embedder" or "embed" and "layer_<i>"."""
   if not frozen_layers:
     return backbone
   out = dict(backbone)
+  if "layers" not in backbone:
+    frozen = {k for k in backbone if k in ("embed", "embedder")
+              or (_FLAX_LAYER.fullmatch(k) and int(k.split("_")[1]) < frozen_layers)}
+    if not any(_FLAX_LAYER.fullmatch(k) for k in frozen):
+      raise ValueError("frozen_layers needs layers named 'layers' (the project's transformer) "
+                       f"or 'layer_<i>' (Flax); this backbone has {sorted(backbone)[:8]}: set "
+                       "frozen_layers=0")
+    out.update({k: jax.lax.stop_gradient(backbone[k]) for k in frozen})
+    return out
   out["embed"] = jax.lax.stop_gradient(backbone["embed"])
   if transformer.is_stacked(backbone):  # the first k rows of each stacked array
     out["layers"] = {name: jnp.concatenate([jax.lax.stop_gradient(w[:frozen_layers]),
