@@ -50,8 +50,8 @@ RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
     (r"(^|/)q_einsum/w$", ("tensor", "fsdp")),  # [N, D, H]
     (r"(^|/)(kv_einsum|qkv_einsum)/w$", (None, "tensor", "fsdp")),  # [2 or 3, K or N, D, H]
     (r"(^|/)attn_vec_einsum/w$", ("tensor", None, "fsdp")),  # [N, H, D]
-    (r"(^|/)gating_einsum/w$", (None, "tensor", "fsdp")),  # [2, F, D]
-    (r"(^|/)mlp/linear/w$", ("tensor", "fsdp")),  # [F, D]
+    (r"(^|/)mlp/gating_einsum$", (None, "tensor", "fsdp")),  # [2, F, D]
+    (r"(^|/)mlp/linear$", ("tensor", "fsdp")),  # [F, D]
 )
 
 

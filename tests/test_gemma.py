@@ -52,6 +52,17 @@ def test_tiny_config_is_the_one_the_library_ran():
   assert gemma.TINY_GEMMA3.use_qk_norm and gemma.TINY_GEMMA3.use_post_ffw_norm
 
 
+def test_parameter_tree_is_the_librarys(golden_model):
+  """Same paths and shapes as `gemma.gm.nn.Transformer.init`'s params (recorded), so the
+  library's checkpoints load and its modules run on these params."""
+  cfg, params = golden_model
+  ours = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(x.shape)
+          for path, x in jax.tree_util.tree_leaves_with_path(params)}
+  theirs = {str(path): tuple(int(d) for d in shape if d >= 0)
+            for path, shape in zip(GOLDEN["param_paths"], GOLDEN["param_shapes"], strict=True)}
+  assert ours == theirs
+
+
 def test_logits_match_the_gemma_library(golden_model):
   cfg, params = golden_model
   tokens, valid, positions = MAKE.golden_inputs()
@@ -216,7 +227,7 @@ def test_gemma_shards_by_the_rules_and_a_sharded_update_equals_one_device():
   specs = {sharding.path_name(path): x.sharding.spec
            for path, x in jax.tree_util.tree_leaves_with_path(placed)}
   assert specs["layer_0/attn/q_einsum/w"] == P("tensor", "fsdp")
-  assert specs["layer_1/mlp/gating_einsum/w"] == P(None, "tensor", "fsdp")
+  assert specs["layer_1/mlp/gating_einsum"] == P(None, "tensor", "fsdp")
   assert specs["embedder/input_embedding"] == P("tensor", "fsdp")
   tokens, valid, positions = (jnp.asarray(a) for a in MAKE.golden_inputs())
   tokens, valid, positions = (jnp.tile(a, (4, 1)) for a in (tokens, valid, positions))
@@ -274,3 +285,39 @@ def test_frozen_layers_stop_the_gemmas_gradient():
   size = lambda tree: sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(tree))
   assert size(grads["embedder"]) == 0 and size(grads["layer_0"]) == 0
   assert size(grads["layer_1"]) > 0 and size(grads["final_norm"]) > 0
+
+
+@pytest.mark.parametrize("layout", ["nested", "flat"])
+def test_a_gemma_library_checkpoint_loads_by_variant_and_path(tmp_path, layout):
+  """`zoo.load("tiny-gemma3:<dir>")` reads what the library writes: `gm.ckpts.save_params`
+  (a StandardCheckpointer save of the init params) or the flat legacy layout of the published
+  checkpoints ("transformer/<scope>" keys, MLP weights under "w"); the tokenizer beside it."""
+  import orbax.checkpoint as ocp
+
+  model = _perturbed(zoo.load("tiny-gemma"))
+  tree = jax.tree.map(np.asarray, model.params)
+  if layout == "flat":
+    flat = {}
+    for name, scope in tree.items():
+      if not name.startswith("layer_"):
+        flat[f"transformer/{name}"] = scope
+        continue
+      for part, value in scope.items():
+        if part == "mlp":
+          flat.update({f"transformer/{name}/mlp/{k}": {"w": v} for k, v in value.items()})
+        else:
+          flat[f"transformer/{name}/{part}"] = value
+    tree = flat
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(str(tmp_path / "ckpt"), tree)
+  checkpointer.wait_until_finished()
+  tokenizer_lib.gemma_byte_tokenizer().save_pretrained(str(tmp_path))
+  loaded = zoo.load(f"tiny-gemma3:{tmp_path / 'ckpt'}")
+  assert loaded.cfg == model.cfg
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               loaded.params, model.params)
+  assert loaded.tokenizer.eos_token == "<end_of_turn>"
+  with pytest.raises(ValueError, match="gemma variant"):
+    zoo.load(f"no-such-variant:{tmp_path / 'ckpt'}")
+  with pytest.raises(FileNotFoundError, match="no Gemma checkpoint"):
+    zoo.load(f"tiny-gemma3:{tmp_path / 'missing'}")

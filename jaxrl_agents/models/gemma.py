@@ -21,7 +21,7 @@ unchanged (`load_params`) and its modules run on these params:
                       "attn_vec_einsum": {"w": f[N, H, D]},
                       "_query_norm": {"scale": f[H]}, "_key_norm": {"scale": f[H]}},
              "post_attention_norm": ..., "pre_ffw_norm": ..., "post_ffw_norm": ...,
-             "mlp": {"gating_einsum": {"w": f[2, F, D]}, "linear": {"w": f[F, D]}}},
+             "mlp": {"gating_einsum": f[2, F, D], "linear": f[F, D]}},
  ...,
  "final_norm": {"scale": f[D]}}
 ```
@@ -36,11 +36,13 @@ per layer keys and values f[B, S, K, H], and the RoPE position of every slot
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 LOCAL, GLOBAL = "local", "global"
 GEMMA3_PATTERN = (LOCAL,) * 5 + (GLOBAL,)
@@ -101,13 +103,13 @@ GEMMA3_1B = GemmaConfig(num_embed=262_144, embed_dim=1152, hidden_dim=6 * 1152, 
 GEMMA3_4B = GemmaConfig(num_embed=262_144, embed_dim=2560, hidden_dim=2560 * 4, num_heads=8,
                         head_dim=256, num_kv_heads=4, attention_types=gemma3_layers(34),
                         sliding_window_size=1024, global_scale_factor=8.0, max_seq_len=131_072)
-VARIANTS = {"gemma3-270m": GEMMA3_270M, "gemma3-1b": GEMMA3_1B, "gemma3-4b": GEMMA3_4B}
-
 # Tests: every Gemma 3 feature (qk-norm, post norms, local and global layers,
 # grouped-query attention) at a size that builds in a second.
 TINY_GEMMA3 = GemmaConfig(num_embed=320, embed_dim=64, hidden_dim=128, num_heads=4, head_dim=16,
                           num_kv_heads=2, attention_types=(LOCAL, GLOBAL), sliding_window_size=8,
                           max_seq_len=512)
+VARIANTS = {"gemma3-270m": GEMMA3_270M, "gemma3-1b": GEMMA3_1B, "gemma3-4b": GEMMA3_4B,
+            "tiny-gemma3": TINY_GEMMA3}
 
 
 def definition(cfg: GemmaConfig, dtype: str = "float32", param_dtype: str = "float32"):
@@ -206,14 +208,18 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x):
     c, dt = self.cfg, self.dtype
+    # The MLP's weights are plain arrays in the library's tree (no "w" level).
+    normal = nn.initializers.normal()
     if c.transpose_gating_einsum:
-      gating = _weight(self, "gating_einsum", (2, c.hidden_dim, c.embed_dim), self.param_dtype)
+      gating = self.param("gating_einsum", normal, (2, c.hidden_dim, c.embed_dim),
+                          self.param_dtype)
       gate = jnp.einsum("...F,NHF->...NH", x.astype(dt), gating.astype(dt))
     else:
-      gating = _weight(self, "gating_einsum", (2, c.embed_dim, c.hidden_dim), self.param_dtype)
+      gating = self.param("gating_einsum", normal, (2, c.embed_dim, c.hidden_dim),
+                          self.param_dtype)
       gate = jnp.einsum("...F,NFH->...NH", x.astype(dt), gating.astype(dt))
     hidden = nn.gelu(gate[..., 0, :]) * gate[..., 1, :]
-    w = _weight(self, "linear", (c.hidden_dim, c.embed_dim), self.param_dtype).astype(dt)
+    w = self.param("linear", normal, (c.hidden_dim, c.embed_dim), self.param_dtype).astype(dt)
     return jnp.einsum("...H,HF->...F", hidden, w)
 
 
@@ -300,3 +306,44 @@ class Embedder(nn.Module):
   def decode(self, hidden):
     return jnp.einsum("...D,VD->...V", hidden, self.input_embedding.astype(hidden.dtype),
                       preferred_element_type=jnp.float32)
+
+
+def load_checkpoint(path: str) -> dict:
+  """The text model's params from a checkpoint of Google's `gemma` library (orbax).
+
+  Reads the library's layouts: the nested tree `gm.ckpts.save_params` writes (the
+  model's `init` params), the flat legacy one of the published checkpoints (keys
+  "transformer/layer_0/attn/q_einsum", MLP weights under a "w"), and a Kauldron
+  training checkpoint (its "params"). Multimodal weights are left out.
+  """
+  import orbax.checkpoint as ocp
+
+  path = os.path.abspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"no Gemma checkpoint directory at {path!r}")
+  if os.path.isdir(os.path.join(path, "default")) and not os.path.exists(
+      os.path.join(path, "_METADATA")):
+    path = os.path.join(path, "default")  # a Kauldron checkpoint keeps its state one level down
+  tree = ocp.StandardCheckpointer().restore(path)
+  if set(tree) == {"collections", "opt_state", "params", "step"}:
+    tree = tree["params"]
+  if any(k.startswith("transformer/stacked_layers") for k in tree):
+    raise ValueError(f"{path!r} holds the library's stacked layout; save it nested "
+                     "(gm.ckpts.load_params then gm.ckpts.save_params) and load that")
+  if tree and all(k.startswith(("transformer/", "SigLiPFromPatches_0/")) for k in tree):
+    nested: dict = {}
+    for key, value in tree.items():
+      if not key.startswith("transformer/"):
+        continue
+      parts = key.split("/")[1:]
+      if "mlp" in parts[:-1]:  # "layer_0/mlp/linear": {"w": x} -> "layer_0/mlp/linear": x
+        value = value["w"]
+      node = nested
+      for part in parts[:-1]:
+        node = node.setdefault(part, {})
+      node[parts[-1]] = value
+    tree = nested
+  tree = {k: v for k, v in tree.items() if k != "vision_encoder"}
+  if "embedder" in tree:
+    tree["embedder"] = {"input_embedding": tree["embedder"]["input_embedding"]}
+  return jax.tree.map(lambda x: np.asarray(x, np.float32), tree)

@@ -12,8 +12,8 @@ load. The names map one to one; only the layouts differ:
 | `layer_i/attn/q_einsum/w` [N, D, H] | `self_attn.q_proj.weight` [N*H, D] |
 | `layer_i/attn/kv_einsum/w` [2, K, D, H] | `self_attn.{k,v}_proj.weight` [K*H, D] |
 | `layer_i/attn/attn_vec_einsum/w` [N, H, D] | `self_attn.o_proj.weight` [D, N*H] |
-| `layer_i/mlp/gating_einsum/w` [2, F, D] | `mlp.{gate,up}_proj.weight` [F, D] |
-| `layer_i/mlp/linear/w` [F, D] | `mlp.down_proj.weight` [D, F] |
+| `layer_i/mlp/gating_einsum` [2, F, D] | `mlp.{gate,up}_proj.weight` [F, D] |
+| `layer_i/mlp/linear` [F, D] | `mlp.down_proj.weight` [D, F] |
 | norms' `scale` (applied as 1 + scale) | norms' `weight` (applied as 1 + weight) |
 """
 
@@ -140,9 +140,8 @@ def params_from_hf(get, cfg: gemma.GemmaConfig, prefix: str = "model.") -> dict:
     else:
       attn.update(q_einsum={"w": q}, kv_einsum={"w": kv})
     layer = {"attn": attn, "mlp": {
-        "gating_einsum": {"w": np.stack([get(p + "mlp.gate_proj.weight"),
-                                         get(p + "mlp.up_proj.weight")])},
-        "linear": {"w": get(p + "mlp.down_proj.weight").T}}}
+        "gating_einsum": np.stack([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+        "linear": get(p + "mlp.down_proj.weight").T}}
     layer.update({ours: {"scale": get(p + theirs + ".weight")} for ours, theirs in _NORMS.items()})
     params[f"layer_{i}"] = layer
   return params
@@ -166,7 +165,7 @@ def params_to_hf(params: dict, cfg: gemma.GemmaConfig) -> dict[str, np.ndarray]:
       q, key, value = attn["qkv_einsum"]["w"]
     else:
       q, (key, value) = attn["q_einsum"]["w"], attn["kv_einsum"]["w"]
-    gate, up = layer["mlp"]["gating_einsum"]["w"]
+    gate, up = layer["mlp"]["gating_einsum"]
     out.update({
         p + "self_attn.q_proj.weight": flat(q, n), p + "self_attn.k_proj.weight": flat(key, k),
         p + "self_attn.v_proj.weight": flat(value, k),
@@ -174,7 +173,7 @@ def params_to_hf(params: dict, cfg: gemma.GemmaConfig) -> dict[str, np.ndarray]:
         p + "self_attn.q_norm.weight": attn["_query_norm"]["scale"],
         p + "self_attn.k_norm.weight": attn["_key_norm"]["scale"],
         p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-        p + "mlp.down_proj.weight": layer["mlp"]["linear"]["w"].T})
+        p + "mlp.down_proj.weight": layer["mlp"]["linear"].T})
     out.update({p + theirs + ".weight": layer[ours]["scale"] for ours, theirs in _NORMS.items()})
   return {name: np.ascontiguousarray(w) for name, w in out.items()}
 

@@ -182,6 +182,51 @@ def load_dir(path: str, name: str | None = None) -> Model:
   return Model(params=params, cfg=cfg, tokenizer=tok, name=name or path)
 
 
+# `zoo.load("gemma3-1b:/path/to/checkpoint")`: a checkpoint of Google's gemma library.
+GEMMA_VARIANTS = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "tiny-gemma3")
+
+
+def gemma_tokenizer(checkpoint: str):
+  """Gemma's tokenizer for a library checkpoint: tokenizer.json (Hugging Face's format) or
+  tokenizer.model (sentencepiece, converted; needs `pip install sentencepiece`) in the
+  checkpoint's directory or its parent."""
+  for directory in (checkpoint, os.path.dirname(os.path.abspath(checkpoint))):
+    if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+      tok = tokenizer_lib.load_tokenizer(directory)
+      break
+    spm = os.path.join(directory, "tokenizer.model")
+    if os.path.isfile(spm):
+      from transformers import GemmaTokenizerFast
+
+      try:
+        tok = GemmaTokenizerFast(vocab_file=spm)
+      except (ImportError, ValueError) as e:
+        raise RuntimeError(f"converting {spm} needs sentencepiece (pip install sentencepiece): "
+                           f"{e}") from e
+      tok.padding_side = "left"
+      break
+  else:
+    raise FileNotFoundError(f"no tokenizer.json or tokenizer.model in {checkpoint!r} or its "
+                            "parent; put Gemma's tokenizer beside the checkpoint")
+  if not tok.chat_template:
+    tok.chat_template = tokenizer_lib.GEMMA_TEMPLATE
+  if "<end_of_turn>" in tok.get_vocab():
+    tok.eos_token = "<end_of_turn>"  # an instruct model's reply ends its turn
+  return tokenizer_lib.ensure_safe_pad_token(tok)
+
+
+def load_gemma_checkpoint(variant: str, checkpoint: str) -> Model:
+  """A Gemma from a checkpoint of Google's gemma library: the architecture named by
+  `variant` (`gemma.VARIANTS`), params from `gemma.load_checkpoint`, tokenizer beside it."""
+  from jaxrl_agents.models import gemma
+
+  cfg = gemma.definition(gemma.VARIANTS[variant])
+  params = gemma.load_checkpoint(checkpoint)
+  check_params(params, cfg, checkpoint)
+  return Model(params=params, cfg=cfg, tokenizer=gemma_tokenizer(checkpoint),
+               name=f"{variant}:{checkpoint}")
+
+
 def _gemma_config(cfg: lm.CausalLM):
   """The GemmaConfig behind a model definition, or None."""
   module = getattr(cfg, "module", None)
@@ -237,8 +282,11 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
       shards on the mesh (`sharding.RULES`), never whole onto one device, and the
       config's `activation_mesh` is set. None: the default device.
   """
+  variant, _, checkpoint = name_or_path.partition(":")
   if name_or_path in _PRESETS:
     model = _PRESETS[name_or_path]()
+  elif checkpoint and variant in GEMMA_VARIANTS:
+    model = load_gemma_checkpoint(variant, checkpoint)
   elif os.path.isdir(name_or_path):
     model = load_dir(name_or_path)
   elif name_or_path.endswith(".gguf") and os.path.isfile(name_or_path):
@@ -246,7 +294,8 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
   else:
     raise ValueError(
         f"unknown model {name_or_path!r}: not a preset ({', '.join(names())}), "
-        "a Hugging Face directory or a .gguf file")
+        "a Hugging Face directory, a .gguf file or <gemma variant>:<checkpoint> "
+        f"({', '.join(GEMMA_VARIANTS)})")
   param_dtype = param_dtype or "float32"
   model.cfg = model.cfg.replace(dtype=dtype, param_dtype=param_dtype)
   host = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.dtype(param_dtype)), model.params)

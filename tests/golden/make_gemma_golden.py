@@ -3,6 +3,7 @@
 The tiny Gemma 3 configuration (`jaxrl_agents.models.gemma.TINY_GEMMA3`) built
 as `gemma.gm.nn.Transformer`, with weights drawn by `golden_params` (numpy,
 seeded: the test draws the same ones), run by the library on fixed inputs:
+- the path and shape of every parameter (shapes padded with -1);
 - the logits of one full forward pass over two left-padded rows;
 - 10 greedy tokens after a prompt, decoded one at a time through the
   library's own KV cache.
@@ -94,8 +95,12 @@ def main():
                       attention_mask=jnp.asarray(step_mask))
     cache, next_logits = out.cache, out.logits[:, -1]
   import gemma
-  np.savez(OUT, logits=logits, greedy=np.asarray(greedy, np.int32),
-           gemma_version=np.asarray(gemma.__version__))
+  flat = jax.tree_util.tree_leaves_with_path(shapes)
+  paths = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in flat]
+  dims = max(len(s.shape) for _, s in flat)
+  param_shapes = np.asarray([list(s.shape) + [-1] * (dims - len(s.shape)) for _, s in flat])
+  np.savez(OUT, logits=logits, greedy=np.asarray(greedy, np.int32), param_paths=np.asarray(paths),
+           param_shapes=param_shapes, gemma_version=np.asarray(gemma.__version__))
   print(f"wrote {OUT}: logits {logits.shape}, greedy {greedy}")
 
 
