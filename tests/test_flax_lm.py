@@ -83,8 +83,19 @@ def _nnx():
   return flax_lm.FlaxLM.nnx(make_nnx, vocab_size=V, d_model=D, n_layers=1, max_seq_len=64)
 
 
+def _hand_mask(valid):
+  """Query i sees key j iff j <= i and j is a real token (and a padding query itself)."""
+  v = np.asarray(valid)
+  mask = np.zeros((v.shape[0], T, T), bool)
+  for b in range(v.shape[0]):
+    for i in range(T):
+      for j in range(i + 1):
+        mask[b, i, j] = v[b, j] or i == j
+  return jnp.asarray(mask)
+
+
 def _own_forward_linen(params, tokens, valid, positions):
-  mask = lm.attention_allowed(valid.astype(jnp.int32)) | jnp.eye(T, dtype=bool)[None]
+  mask = _hand_mask(valid)
   module = LinenLM()
   hidden = module.apply({"params": params}, tokens, positions, mask)
   return module.apply({"params": params}, hidden, method="logits")
@@ -92,7 +103,7 @@ def _own_forward_linen(params, tokens, valid, positions):
 
 def _own_forward_nnx(params, tokens, valid, positions):
   model = nnx.merge(nnx.split(make_nnx(nnx.Rngs(0)))[0], params)
-  mask = lm.attention_allowed(valid.astype(jnp.int32)) | jnp.eye(T, dtype=bool)[None]
+  mask = _hand_mask(valid)
   return model.logits(model(tokens, positions, mask)[0])
 
 
@@ -142,11 +153,37 @@ def test_adapter_samples_and_differentiates_under_jit(make):
   assert sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads)) > 0
 
 
+class DropoutLM(NnxLM):
+  def __init__(self, rngs: nnx.Rngs):
+    super().__init__(rngs)
+    self.drop = nnx.Dropout(0.1, rngs=rngs)  # stores an RNG stream: state that is not params
+
+
+def make_dropout(rngs):
+  return DropoutLM(rngs)
+
+
 def test_definitions_are_static_and_compare_by_value():
+  from jaxrl_agents.models import gemma
+
   a, _ = _linen()
   b, _ = _linen()
   assert a == b and hash(a) == hash(b)  # jit reuses the compiled program
-  assert a.replace(dtype="bfloat16") != a
+  assert _nnx()[0] == _nnx()[0] and hash(_nnx()[0]) == hash(_nnx()[0])
+  # However a definition comes to a dtype, equal definitions hash alike and type the module.
+  g = gemma.definition(gemma.TINY_GEMMA3)
+  assert g.replace(dtype="float32") == g and hash(g.replace(dtype="float32")) == hash(g)
+  bf16 = gemma.definition(gemma.TINY_GEMMA3, dtype="bfloat16")
+  assert g.replace(dtype="bfloat16") == bf16 and hash(g.replace(dtype="bfloat16")) == hash(bf16)
+  assert bf16.module.dtype == jnp.bfloat16 and bf16 != g
+  params = g.replace(param_dtype="bfloat16").init(jax.random.key(0))
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+  with pytest.raises(ValueError, match="not nnx.Param"):
+    flax_lm.FlaxLM.nnx(make_dropout, vocab_size=V, d_model=D, n_layers=1)
+  with pytest.raises(ValueError, match="NNX model computes"):
+    _nnx()[0].replace(dtype="bfloat16")
+  with pytest.raises(TypeError, match="cached=False"):
+    flax_lm.FlaxLM.linen(LinenLM(), vocab_size=V, d_model=D, n_layers=1)  # has no init_kv
   with pytest.raises(TypeError, match="lacks"):
     lm.check_definition(object())
   with pytest.raises(ValueError, match="dtype"):

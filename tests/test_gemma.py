@@ -2,7 +2,6 @@
 tests/golden/gemma_tiny.npz by tests/golden/make_gemma_golden.py), and the tiny Gemma
 through the sampler."""
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -35,42 +34,55 @@ MAKE = _golden_module()
 GOLDEN = np.load(os.path.join(GOLDEN_DIR, "gemma_tiny.npz"))
 
 
-@pytest.fixture(scope="module")
-def golden_model():
-  """TINY_GEMMA3 with the weights the library ran on."""
-  cfg = gemma.definition(gemma.TINY_GEMMA3)
+CONFIGS = {"gemma3": gemma.TINY_GEMMA3, "gemma2": gemma.TINY_GEMMA2}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def golden_model(request):
+  """(name, definition, params): a tiny configuration with the weights the library ran on."""
+  cfg = gemma.definition(CONFIGS[request.param])
   shapes = jax.tree.map(lambda s: s.shape, jax.eval_shape(cfg.init, jax.random.key(0)))
-  return cfg, jax.tree.map(jnp.asarray, MAKE.golden_params(shapes))
+  return request.param, cfg, jax.tree.map(jnp.asarray, MAKE.golden_params(shapes))
 
 
-def test_tiny_config_is_the_one_the_library_ran():
-  fields = {f.name: getattr(gemma.TINY_GEMMA3, f.name)
-            for f in dataclasses.fields(gemma.GemmaConfig)}
-  for name, value in MAKE.CONFIG.items():
-    assert fields[name] == value, name
-  assert gemma.TINY_GEMMA3.attention_types == (gemma.LOCAL, gemma.GLOBAL)
-  assert gemma.TINY_GEMMA3.use_qk_norm and gemma.TINY_GEMMA3.use_post_ffw_norm
+def test_tiny_configs_are_the_ones_the_library_ran():
+  for name, ours in CONFIGS.items():
+    theirs = MAKE.CONFIGS[name]
+    for field in ("num_embed", "embed_dim", "hidden_dim", "num_heads", "head_dim",
+                  "num_kv_heads", "sliding_window_size", "use_qk_norm",
+                  "transpose_gating_einsum", "local_base_frequency", "global_base_frequency"):
+      assert getattr(ours, field) == theirs[field], (name, field)
+    kinds = {"LOCAL_SLIDING": gemma.LOCAL, "GLOBAL": gemma.GLOBAL}
+    assert ours.attention_types == tuple(kinds[t] for t in theirs["attention_types"]), name
+    for field in ("attn_logits_soft_cap", "final_logit_softcap"):
+      assert getattr(ours, field) == theirs.get(field), (name, field)
+    assert ours.global_scale_factor == theirs.get("global_scale_factor", 1.0), name
+  # The library's BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS, with D / N != head_dim.
+  g2 = gemma.TINY_GEMMA2
+  assert g2.query_scale == (g2.embed_dim // g2.num_heads) ** -0.5 != g2.head_dim ** -0.5
+  assert g2.num_heads == g2.num_kv_heads and not g2.transpose_gating_einsum
 
 
 def test_parameter_tree_is_the_librarys(golden_model):
   """Same paths and shapes as `gemma.gm.nn.Transformer.init`'s params (recorded), so the
   library's checkpoints load and its modules run on these params."""
-  cfg, params = golden_model
+  name, cfg, params = golden_model
   ours = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(x.shape)
           for path, x in jax.tree_util.tree_leaves_with_path(params)}
   theirs = {str(path): tuple(int(d) for d in shape if d >= 0)
-            for path, shape in zip(GOLDEN["param_paths"], GOLDEN["param_shapes"], strict=True)}
+            for path, shape in zip(GOLDEN[f"{name}_param_paths"], GOLDEN[f"{name}_param_shapes"],
+                                   strict=True)}
   assert ours == theirs
 
 
 def test_logits_match_the_gemma_library(golden_model):
-  cfg, params = golden_model
+  name, cfg, params = golden_model
   tokens, valid, positions = MAKE.golden_inputs()
-  # The window (8) is shorter than the 12 tokens: the local layer's mask matters.
-  assert tokens.shape[1] > gemma.TINY_GEMMA3.sliding_window_size
+  # The window is shorter than the 12 tokens: the local layer's mask matters.
+  assert tokens.shape[1] > CONFIGS[name].sliding_window_size
   logits, _ = jax.jit(lambda p, t, x, s: cfg.apply(p, t, x, segment_ids=s))(
       params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid, jnp.int32))
-  want = GOLDEN["logits"]
+  want = GOLDEN[f"{name}_logits"]
   np.testing.assert_allclose(np.asarray(logits)[valid], want[valid], atol=1e-5, rtol=1e-5)
   assert np.abs(want[valid]).max() > 1e-2  # not a trivially small comparison
 
@@ -78,20 +90,20 @@ def test_logits_match_the_gemma_library(golden_model):
 def test_greedy_decoding_matches_the_gemma_library(golden_model):
   """The project's sampler (prefill + cached decode steps) on the library's weights picks the
   library's greedy tokens, which its own cache produced."""
-  cfg, params = golden_model
+  name, cfg, params = golden_model
   tokens, _, _ = MAKE.golden_inputs()
   prompt = jnp.asarray(tokens[:1, :6])
-  steps = len(GOLDEN["greedy"])
-  sampling = sampler_lib.SamplingConfig(max_new_tokens=steps, temperature=0.0, stop_tokens=(),
-                                        pad_id=0)
+  want = GOLDEN[f"{name}_greedy"]
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=len(want), temperature=0.0,
+                                        stop_tokens=(), pad_id=0)
   out = sampler_lib.generate(params, cfg, prompt, jnp.ones_like(prompt, bool), jax.random.key(0),
                              sampling)
-  np.testing.assert_array_equal(np.asarray(out.tokens[0]), GOLDEN["greedy"])
-  assert len(set(GOLDEN["greedy"].tolist())) > 2  # a varied continuation, not one token repeated
+  np.testing.assert_array_equal(np.asarray(out.tokens[0]), want)
+  assert len(set(want.tolist())) > 2  # a varied continuation, not one token repeated
 
 
 def test_cache_continuation_equals_one_prefill(golden_model):
-  cfg, params = golden_model
+  _, cfg, params = golden_model
   tokens, valid, positions = (jnp.asarray(a) for a in MAKE.golden_inputs())
   segments = valid.astype(jnp.int32)
   full, _ = cfg.apply(params, tokens, positions, segment_ids=segments)
@@ -303,9 +315,11 @@ def test_a_gemma_library_checkpoint_loads_by_variant_and_path(tmp_path, layout):
         flat[f"transformer/{name}"] = scope
         continue
       for part, value in scope.items():
-        if part == "mlp":
+        if part == "mlp":  # "transformer/layer_0/mlp/linear": {"w": ...}
           flat.update({f"transformer/{name}/mlp/{k}": {"w": v} for k, v in value.items()})
-        else:
+        elif part == "attn":  # "transformer/layer_0/attn/q_einsum": {"w": ...}
+          flat.update({f"transformer/{name}/attn/{k}": v for k, v in value.items()})
+        else:  # "transformer/layer_0/pre_attention_norm": {"scale": ...}
           flat[f"transformer/{name}/{part}"] = value
     tree = flat
   checkpointer = ocp.StandardCheckpointer()

@@ -107,6 +107,25 @@ class FlaxLM:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
+    if self.is_nnx:
+      if (self.dtype, self.param_dtype) != ("float32", "float32"):
+        raise ValueError("an NNX model computes and stores in the dtypes its `make` gives it; "
+                         "build it in the dtype you want and leave dtype/param_dtype float32")
+      return
+    # A linen module with dtype fields runs in the definition's dtypes, whichever way the
+    # definition was built (the constructor, `replace`, `dataclasses.replace`), so that equal
+    # definitions hold equal modules and hash alike (jit caches by them).
+    fields = {name: jnp.dtype(_DTYPES[getattr(self, name)])
+              for name in ("dtype", "param_dtype") if hasattr(self.module, name)}
+    if any(getattr(self.module, name) != value for name, value in fields.items()):
+      object.__setattr__(self, "module", self.module.clone(**fields))
+    needs = ["logits"] + (["init_kv"] if self.cached else [])
+    missing = [name for name in needs if not callable(getattr(self.module, name, None))]
+    if missing:
+      raise TypeError(f"{type(self.module).__name__} lacks {', '.join(missing)} "
+                      "(see jaxrl_agents.models.flax_lm)"
+                      + ("; a model without a KV cache takes cached=False" if self.cached
+                         else ""))
 
   # ---------------------------------------------------------------- building
 
@@ -125,19 +144,22 @@ class FlaxLM:
     `make` must be a module-level function (the definition is hashed and compared)."""
     from flax import nnx
 
-    graphdef, state = nnx.split(make(nnx.Rngs(0)))
+    graphdef, params, rest = nnx.split(make(nnx.Rngs(0)), nnx.Param, ...)
+    if jax.tree.leaves(rest):
+      raise ValueError(
+          "the NNX model holds state that is not nnx.Param (RNG streams, batch statistics: "
+          f"{sorted(rest.to_pure_dict())}); the policy's state is its params only: build it "
+          "without stored Rngs (deterministic dropout) or split that state off first")
     model = cls(module=graphdef, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
                 cached=cached, make=make, **kwargs)
-    return model, state.to_pure_dict()
+    return model, params.to_pure_dict()
 
   @property
   def is_nnx(self) -> bool:
     return self.make is not None
 
   def replace(self, **changes) -> FlaxLM:
-    if "dtype" in changes and not self.is_nnx and hasattr(self.module, "dtype"):
-      changes["module"] = self.module.clone(dtype=_DTYPES[changes["dtype"]])
-    return dataclasses.replace(self, **changes)
+    return dataclasses.replace(self, **changes)  # __post_init__ re-types the module
 
   # ---------------------------------------------------------------- the module
 
@@ -158,7 +180,7 @@ class FlaxLM:
     if self.is_nnx:
       from flax import nnx
 
-      return nnx.split(self.make(nnx.Rngs(rng)))[1].to_pure_dict()
+      return nnx.split(self.make(nnx.Rngs(rng)), nnx.Param, ...)[1].to_pure_dict()
     cached = self.cached
 
     def forward_and_head(module, tokens, positions, mask):  # so the head's params exist too
@@ -204,31 +226,42 @@ class FlaxLM:
       hidden, _ = self._forward(params, tokens, positions, mask)
       new_cache = None
     else:
+      prefill_mask = None
       if cache is None:
         if new_cache_len < t:
           raise ValueError(f"new_cache_len {new_cache_len} < {t} tokens")
         cache = self.init_cache(b, new_cache_len, cache_dtype)
+        # A prefill keeps the cacheless rule (within a segment), over the cache's slots.
+        own = lm.attention_allowed(segment_ids) | jnp.eye(t, dtype=bool)[None]
+        prefill_mask = jnp.pad(own, ((0, 0), (0, 0), (0, new_cache_len - t)))
       elif new_cache_len is not None:
         raise ValueError("new_cache_len is for a prefill without a cache; got a cache too")
       if cache.valid.shape[0] != b:
         raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {b}")
-      hidden, new_cache = self._cached_pass(params, tokens, positions, segment_ids != 0, cache)
+      hidden, new_cache = self._cached_pass(params, tokens, positions, segment_ids != 0, cache,
+                                            prefill_mask)
     if return_hidden:
       return hidden, new_cache
     return self.lm_head(params, hidden), new_cache
 
-  def _cached_pass(self, params, tokens, positions, token_valid, cache):
+  def _cached_pass(self, params, tokens, positions, token_valid, cache, prefill_mask=None):
+    """The T tokens through the cache; `prefill_mask` bool[B, T, S] replaces the cache rule
+    for a fresh cache (the tokens then sit in slots [0, T))."""
     t, slots = tokens.shape[1], cache.valid.shape[1]
     start = cache.index
     valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
     if self.cached:
       own = (jnp.arange(slots)[None, :] == (start + jnp.arange(t))[:, None])[None]
       mask = lm.cached_attention_allowed(valid, start, t) | own
+      mask = mask if prefill_mask is None else prefill_mask
       hidden, kv = self._forward(params, tokens, positions, mask, cache.kv, start)
       return hidden, FlaxCache(kv=kv, valid=valid, index=start + t)
     all_tokens = jax.lax.dynamic_update_slice(cache.tokens, tokens, (0, start))
     all_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (0, start))
     mask = lm.cached_attention_allowed(valid, jnp.int32(0), slots) | jnp.eye(slots, dtype=bool)
+    if prefill_mask is not None:  # the T tokens are slots [0, T); the rest is empty
+      mask = jnp.pad(prefill_mask[:, :, :slots], ((0, 0), (0, slots - t), (0, 0))) | jnp.eye(
+          slots, dtype=bool)
     hidden, _ = self._forward(params, all_tokens, all_positions, mask)
     hidden = jax.lax.dynamic_slice_in_dim(hidden, start, t, axis=1)
     return hidden, TokenCache(tokens=all_tokens, positions=all_positions, valid=valid,

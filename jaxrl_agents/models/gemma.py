@@ -65,7 +65,9 @@ class GemmaConfig:
   use_qk_norm: bool = True
   attn_logits_soft_cap: float | None = None
   final_logit_softcap: float | None = None
-  query_pre_attn_scalar: float | None = None  # None: head_dim ** -0.5
+  # The factor on the queries before attention; None: head_dim ** -0.5. (Hugging Face's
+  # `query_pre_attn_scalar` is S with the factor S ** -0.5: 256 there is 1/16 here.)
+  query_scale: float | None = None
   local_base_frequency: float = 10_000.0
   global_base_frequency: float = 1_000_000.0
   local_scale_factor: float = 1.0
@@ -82,6 +84,10 @@ class GemmaConfig:
       raise ValueError(f"attention_types must be {LOCAL!r} or {GLOBAL!r}, got {sorted(unknown)}")
     if LOCAL in self.attention_types and not self.sliding_window_size:
       raise ValueError("local (sliding-window) layers need sliding_window_size")
+    if self.query_scale is not None and not 0 < self.query_scale < 1:
+      raise ValueError(f"query_scale multiplies the queries (head_dim ** -0.5 by default), got "
+                       f"{self.query_scale}; Hugging Face's query_pre_attn_scalar S is "
+                       "query_scale = S ** -0.5")
 
   @property
   def num_layers(self) -> int:
@@ -108,6 +114,15 @@ GEMMA3_4B = GemmaConfig(num_embed=262_144, embed_dim=2560, hidden_dim=2560 * 4, 
 TINY_GEMMA3 = GemmaConfig(num_embed=320, embed_dim=64, hidden_dim=128, num_heads=4, head_dim=16,
                           num_kv_heads=2, attention_types=(LOCAL, GLOBAL), sliding_window_size=8,
                           max_seq_len=512)
+# Tests of the other paths, against the library too: Gemma 2's soft caps and no qk-norm,
+# one query head per key head (the library's fused qkv weight), the untransposed gating
+# weight, a query scale other than head_dim^-1/2, rope scaling on the global layers.
+TINY_GEMMA2 = GemmaConfig(num_embed=320, embed_dim=64, hidden_dim=96, num_heads=2, head_dim=16,
+                          num_kv_heads=2, attention_types=(GLOBAL, LOCAL), sliding_window_size=6,
+                          use_qk_norm=False, attn_logits_soft_cap=50.0, final_logit_softcap=30.0,
+                          query_scale=32 ** -0.5, local_base_frequency=10_000.0,
+                          global_base_frequency=10_000.0, global_scale_factor=8.0,
+                          transpose_gating_einsum=False, max_seq_len=512)
 VARIANTS = {"gemma3-270m": GEMMA3_270M, "gemma3-1b": GEMMA3_1B, "gemma3-4b": GEMMA3_4B,
             "tiny-gemma3": TINY_GEMMA3}
 
@@ -125,9 +140,11 @@ def definition(cfg: GemmaConfig, dtype: str = "float32", param_dtype: str = "flo
 class RMSNorm(nn.Module):
   """Gemma's RMSNorm: the scale starts at zero and multiplies by (1 + scale)."""
 
+  param_dtype: Any = jnp.float32
+
   @nn.compact
   def __call__(self, x):
-    scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
+    scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + 1e-6)
     return (normed * (1 + scale.astype(jnp.float32))).astype(x.dtype)
@@ -169,13 +186,13 @@ class Attention(nn.Module):
       key, value = jnp.einsum("BSD,CKDH->CBSKH", x,
                               _weight(self, "kv_einsum", (2, k, d, h), self.param_dtype).astype(dt))
     if c.use_qk_norm:
-      q = RMSNorm(name="_query_norm")(q)
-      key = RMSNorm(name="_key_norm")(key)
+      q = RMSNorm(self.param_dtype, name="_query_norm")(q)
+      key = RMSNorm(self.param_dtype, name="_key_norm")(key)
     local = self.attn_type == LOCAL
     base = c.local_base_frequency if local else c.global_base_frequency
     scale = c.local_scale_factor if local else c.global_scale_factor
     q = apply_rope(q, positions, base, scale)
-    q = q * (c.query_pre_attn_scalar if c.query_pre_attn_scalar is not None else h ** -0.5)
+    q = q * (c.query_scale if c.query_scale is not None else h ** -0.5)
     key = apply_rope(key, positions, base, scale)
     if kv is not None:  # write the T new keys and values at write_index
       zero = jnp.zeros((), jnp.int32)
@@ -232,14 +249,15 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, key_positions, kv, write_index):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    norm = lambda name: RMSNorm(self.param_dtype, name=name)  # noqa: E731
     attn, kv = Attention(self.cfg, self.attn_type, name="attn", **kw)(
-        RMSNorm(name="pre_attention_norm")(x), positions, mask, key_positions, kv, write_index)
+        norm("pre_attention_norm")(x), positions, mask, key_positions, kv, write_index)
     if self.cfg.use_post_attn_norm:
-      attn = RMSNorm(name="post_attention_norm")(attn)
+      attn = norm("post_attention_norm")(attn)
     x = x + attn
-    ffw = FeedForward(self.cfg, name="mlp", **kw)(RMSNorm(name="pre_ffw_norm")(x))
+    ffw = FeedForward(self.cfg, name="mlp", **kw)(norm("pre_ffw_norm")(x))
     if self.cfg.use_post_ffw_norm:
-      ffw = RMSNorm(name="post_ffw_norm")(ffw)
+      ffw = norm("post_ffw_norm")(ffw)
     return x + ffw, kv
 
 
@@ -255,7 +273,7 @@ class Gemma(nn.Module):
                              name="embedder")
     self.blocks = [Block(self.cfg, attn_type, self.dtype, self.param_dtype, name=f"layer_{i}")
                    for i, attn_type in enumerate(self.cfg.attention_types)]
-    self.final_norm = RMSNorm()
+    self.final_norm = RMSNorm(self.param_dtype)
 
   def __call__(self, tokens, positions, attention_mask, kv=None, write_index=None):
     """(final hidden states f[B, T, D], the updated kv or None); attention_mask is
@@ -314,7 +332,9 @@ def load_checkpoint(path: str) -> dict:
   Reads the library's layouts: the nested tree `gm.ckpts.save_params` writes (the
   model's `init` params), the flat legacy one of the published checkpoints (keys
   "transformer/layer_0/attn/q_einsum", MLP weights under a "w"), and a Kauldron
-  training checkpoint (its "params"). Multimodal weights are left out.
+  training checkpoint (its "params"; its whole state is read first, optimizer
+  moments too, so that one needs about three times the params' memory).
+  Multimodal weights are left out.
   """
   import orbax.checkpoint as ocp
 

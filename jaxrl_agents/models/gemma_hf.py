@@ -39,11 +39,17 @@ _LAYER_TYPES = {gemma.LOCAL: "sliding_attention", gemma.GLOBAL: "full_attention"
 
 
 def is_gemma_dir(path: str) -> bool:
+  """Whether `path` is a Hugging Face Gemma 3 directory (raises on other Gemma versions)."""
   try:
     with open(os.path.join(path, "config.json")) as f:
-      return json.load(f).get("model_type") in MODEL_TYPES
+      model_type = json.load(f).get("model_type")
   except (OSError, ValueError):
     return False
+  if model_type in ("gemma", "gemma2", "gemma3n"):
+    raise ValueError(f"{path!r} is a {model_type} directory: Hugging Face Gemma directories load "
+                     "for Gemma 3 (gemma3_text, gemma3); Gemma 2 loads as a checkpoint of the "
+                     "gemma library")
+  return model_type in MODEL_TYPES
 
 
 def _rope(hf: dict, layer_type: str, legacy_theta: str, default_theta: float):
@@ -73,21 +79,23 @@ def config_from_hf(hf: dict[str, Any]) -> gemma.GemmaConfig:
   global_base, global_scale = _rope(hf, "full_attention", "rope_theta", 1_000_000.0)
   if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
     raise ValueError(f"hidden_activation {hf['hidden_activation']!r}: Gemma uses gelu_pytorch_tanh")
+  if hf.get("use_bidirectional_attention"):
+    raise ValueError("a bidirectional Gemma (an embedding model) is not a causal LM")
   head_dim = hf["head_dim"]
-  scalar = hf.get("query_pre_attn_scalar", head_dim)
+  scalar = hf.get("query_pre_attn_scalar", 256)  # transformers' default
   return gemma.GemmaConfig(
       num_embed=hf["vocab_size"], embed_dim=hf["hidden_size"], hidden_dim=hf["intermediate_size"],
       num_heads=hf["num_attention_heads"], head_dim=head_dim,
       num_kv_heads=hf["num_key_value_heads"],
       attention_types=tuple(by_hf[t] for t in layer_types),
-      sliding_window_size=hf.get("sliding_window"), use_post_attn_norm=True,
+      sliding_window_size=hf.get("sliding_window", 4096), use_post_attn_norm=True,
       use_post_ffw_norm=True, use_qk_norm=True,
       attn_logits_soft_cap=hf.get("attn_logit_softcapping"),
       final_logit_softcap=hf.get("final_logit_softcapping"),
-      query_pre_attn_scalar=None if scalar == head_dim else float(scalar) ** -0.5,
+      query_scale=None if scalar == head_dim else float(scalar) ** -0.5,
       local_base_frequency=local_base, global_base_frequency=global_base,
       local_scale_factor=local_scale, global_scale_factor=global_scale,
-      max_seq_len=hf.get("max_position_embeddings", 32_768))
+      max_seq_len=hf.get("max_position_embeddings", 131_072))
 
 
 def config_to_hf(cfg: gemma.GemmaConfig, tokenizer=None) -> dict[str, Any]:
@@ -96,7 +104,7 @@ def config_to_hf(cfg: gemma.GemmaConfig, tokenizer=None) -> dict[str, Any]:
   if not (cfg.use_qk_norm and cfg.use_post_attn_norm and cfg.use_post_ffw_norm
           and cfg.transpose_gating_einsum):
     raise ValueError("only Gemma 3's layout (qk-norm, post norms) exports as gemma3_text")
-  scalar = cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -2
+  scalar = cfg.head_dim if cfg.query_scale is None else cfg.query_scale ** -2
   if cfg.local_scale_factor != 1.0:
     raise ValueError("Hugging Face's Gemma 3 has no rope scaling for sliding-window layers")
   out = {

@@ -52,24 +52,24 @@ def check_frozen_layers(frozen_layers: int, cfg: lm.CausalLM) -> None:
                      f"got {frozen_layers}")
 
 
-_FLAX_LAYER = re.compile(r"layer_(\d+)")  # a Flax model's layer scopes (Gemma: "layer_3")
+_GEMMA_LAYER = re.compile(r"layer_(\d+)")  # the gemma library's layer scopes ("layer_3")
 
 
-def freeze(backbone, frozen_layers: int):
+def freeze(backbone, frozen_layers: int, cfg: lm.CausalLM):
   """The backbone with the embedding and the first `frozen_layers` layers under stop_gradient.
 
-  The project's transformer names them "embed" and "layers"; a Flax model (Gemma and
-  linen's default naming) "embedder" or "embed" and "layer_<i>"."""
+  The project's transformer names them "embed" and "layers"; a Flax model is frozen
+  this way when it names them as Gemma does, "embedder" and "layer_<i>"."""
   if not frozen_layers:
     return backbone
   out = dict(backbone)
-  if "layers" not in backbone:
-    frozen = {k for k in backbone if k in ("embed", "embedder")
-              or (_FLAX_LAYER.fullmatch(k) and int(k.split("_")[1]) < frozen_layers)}
-    if not any(_FLAX_LAYER.fullmatch(k) for k in frozen):
-      raise ValueError("frozen_layers needs layers named 'layers' (the project's transformer) "
-                       f"or 'layer_<i>' (Flax); this backbone has {sorted(backbone)[:8]}: set "
-                       "frozen_layers=0")
+  if not isinstance(cfg, transformer.TransformerConfig):
+    frozen = {k for k in backbone if k == "embedder"
+              or (_GEMMA_LAYER.fullmatch(k) and int(k.split("_")[1]) < frozen_layers)}
+    if sum(bool(_GEMMA_LAYER.fullmatch(k)) for k in frozen) != frozen_layers:
+      raise ValueError(f"frozen_layers={frozen_layers} needs the model's first layers named "
+                       f"'layer_<i>' (as Gemma's); this backbone has {sorted(backbone)[:8]}: "
+                       "set frozen_layers=0")
     out.update({k: jax.lax.stop_gradient(backbone[k]) for k in frozen})
     return out
   out["embed"] = jax.lax.stop_gradient(backbone["embed"])
@@ -88,7 +88,7 @@ def hidden_states(params, tokens: jax.Array, mask: jax.Array, *,
   """Final normalized hidden states f[B, T, D]; each real token sees the real ones before it."""
   check_frozen_layers(frozen_layers, cfg)
   hidden, _ = cfg.apply(
-      freeze(params["backbone"], frozen_layers), tokens, lm.positions_from_mask(mask),
+      freeze(params["backbone"], frozen_layers, cfg), tokens, lm.positions_from_mask(mask),
       segment_ids=mask.astype(jnp.int32), return_hidden=True, num_positions=tokens.shape[1])
   return hidden
 

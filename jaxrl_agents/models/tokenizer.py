@@ -71,8 +71,8 @@ GEMMA_TEMPLATE = (
     "{% else %}{% set system = '' %}{% endif %}"
     "{% for message in messages %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '') + message['content']"
-    " + '<end_of_turn>\n' }}"
+    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '')"
+    " + message['content'] | trim + '<end_of_turn>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from jaxrl_agents import registry
-from jaxrl_agents.models import lm, transformer, weights
+from jaxrl_agents.models import gemma, lm, transformer, weights
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,6 @@ def _random_model(cfg: lm.CausalLM, name: str, seed: int = 0, tokenizer=None) ->
 
 
 def _tiny_gemma() -> Model:
-  from jaxrl_agents.models import gemma  # flax, imported when a Gemma is asked for
-
   return _random_model(gemma.definition(gemma.TINY_GEMMA3), "tiny-gemma",
                        tokenizer=tokenizer_lib.gemma_byte_tokenizer())
 
@@ -172,8 +170,6 @@ def load_dir(path: str, name: str | None = None) -> Model:
   from jaxrl_agents.models import gemma_hf
 
   if gemma_hf.is_gemma_dir(path):
-    from jaxrl_agents.models import gemma
-
     params, gemma_cfg = gemma_hf.load_hf_dir(path)
     cfg = gemma.definition(gemma_cfg)
   else:
@@ -183,7 +179,7 @@ def load_dir(path: str, name: str | None = None) -> Model:
 
 
 # `zoo.load("gemma3-1b:/path/to/checkpoint")`: a checkpoint of Google's gemma library.
-GEMMA_VARIANTS = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "tiny-gemma3")
+GEMMA_VARIANTS = tuple(gemma.VARIANTS)
 
 
 def gemma_tokenizer(checkpoint: str):
@@ -203,6 +199,9 @@ def gemma_tokenizer(checkpoint: str):
       except (ImportError, ValueError) as e:
         raise RuntimeError(f"converting {spm} needs sentencepiece (pip install sentencepiece): "
                            f"{e}") from e
+      if "<start_of_turn>" not in tok.get_vocab():  # a conversion that read nothing usable
+        raise RuntimeError(f"could not read Gemma's vocabulary from {spm}: install "
+                           "sentencepiece (pip install sentencepiece) or put tokenizer.json there")
       tok.padding_side = "left"
       break
   else:
@@ -218,8 +217,6 @@ def gemma_tokenizer(checkpoint: str):
 def load_gemma_checkpoint(variant: str, checkpoint: str) -> Model:
   """A Gemma from a checkpoint of Google's gemma library: the architecture named by
   `variant` (`gemma.VARIANTS`), params from `gemma.load_checkpoint`, tokenizer beside it."""
-  from jaxrl_agents.models import gemma
-
   cfg = gemma.definition(gemma.VARIANTS[variant])
   params = gemma.load_checkpoint(checkpoint)
   check_params(params, cfg, checkpoint)
@@ -230,7 +227,7 @@ def load_gemma_checkpoint(variant: str, checkpoint: str) -> Model:
 def _gemma_config(cfg: lm.CausalLM):
   """The GemmaConfig behind a model definition, or None."""
   module = getattr(cfg, "module", None)
-  return getattr(module, "cfg", None) if type(module).__name__ == "Gemma" else None
+  return module.cfg if isinstance(module, gemma.Gemma) else None
 
 
 def check_params(params: Any, cfg: lm.CausalLM, source: str = "params") -> None:
@@ -296,6 +293,7 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
         f"unknown model {name_or_path!r}: not a preset ({', '.join(names())}), "
         "a Hugging Face directory, a .gguf file or <gemma variant>:<checkpoint> "
         f"({', '.join(GEMMA_VARIANTS)})")
+  lm.check_definition(model.cfg)
   param_dtype = param_dtype or "float32"
   model.cfg = model.cfg.replace(dtype=dtype, param_dtype=param_dtype)
   host = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.dtype(param_dtype)), model.params)
