@@ -71,6 +71,13 @@ class TokenCache(NamedTuple):
   index: jax.Array  # int32[]
 
 
+def _see_self(allowed: jax.Array, start) -> jax.Array:
+  """bool[B, T, S] `allowed` with each query (at slot start + i) also seeing its own slot:
+  a padding query then has a non-empty softmax row; a real one sees itself already."""
+  t, slots = allowed.shape[1:]
+  return allowed | (jnp.arange(slots)[None, :] == (start + jnp.arange(t))[:, None])[None]
+
+
 @dataclasses.dataclass(frozen=True)
 class FlaxLM:
   """A Flax language model as a model definition (see the module docstring).
@@ -222,47 +229,42 @@ class FlaxLM:
     if segment_ids.shape != tokens.shape:
       raise ValueError(f"segment_ids shape {segment_ids.shape} != tokens shape {tokens.shape}")
     if cache is None and new_cache_len is None:
-      mask = lm.attention_allowed(segment_ids) | jnp.eye(t, dtype=bool)[None]
-      hidden, _ = self._forward(params, tokens, positions, mask)
+      hidden, _ = self._forward(params, tokens, positions,
+                                _see_self(lm.attention_allowed(segment_ids), 0))
       new_cache = None
     else:
-      prefill_mask = None
-      if cache is None:
+      fresh = cache is None
+      if fresh:
         if new_cache_len < t:
           raise ValueError(f"new_cache_len {new_cache_len} < {t} tokens")
         cache = self.init_cache(b, new_cache_len, cache_dtype)
-        # A prefill keeps the cacheless rule (within a segment), over the cache's slots.
-        own = lm.attention_allowed(segment_ids) | jnp.eye(t, dtype=bool)[None]
-        prefill_mask = jnp.pad(own, ((0, 0), (0, 0), (0, new_cache_len - t)))
       elif new_cache_len is not None:
         raise ValueError("new_cache_len is for a prefill without a cache; got a cache too")
       if cache.valid.shape[0] != b:
         raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {b}")
-      hidden, new_cache = self._cached_pass(params, tokens, positions, segment_ids != 0, cache,
-                                            prefill_mask)
+      hidden, new_cache = self._cached_pass(params, tokens, positions, segment_ids, cache, fresh)
     if return_hidden:
       return hidden, new_cache
     return self.lm_head(params, hidden), new_cache
 
-  def _cached_pass(self, params, tokens, positions, token_valid, cache, prefill_mask=None):
-    """The T tokens through the cache; `prefill_mask` bool[B, T, S] replaces the cache rule
-    for a fresh cache (the tokens then sit in slots [0, T))."""
+  def _cached_pass(self, params, tokens, positions, segment_ids, cache, fresh: bool):
+    """The T tokens through the cache, at slots [index, index + T). A `fresh` cache (a
+    prefill) keeps the cacheless rule, attention within a segment."""
     t, slots = tokens.shape[1], cache.valid.shape[1]
     start = cache.index
-    valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
+    valid = jax.lax.dynamic_update_slice(cache.valid, segment_ids != 0, (0, start))
     if self.cached:
-      own = (jnp.arange(slots)[None, :] == (start + jnp.arange(t))[:, None])[None]
-      mask = lm.cached_attention_allowed(valid, start, t) | own
-      mask = mask if prefill_mask is None else prefill_mask
-      hidden, kv = self._forward(params, tokens, positions, mask, cache.kv, start)
+      allowed = (jnp.pad(lm.attention_allowed(segment_ids), ((0, 0), (0, 0), (0, slots - t)))
+                 if fresh else lm.cached_attention_allowed(valid, start, t))
+      hidden, kv = self._forward(params, tokens, positions, _see_self(allowed, start), cache.kv,
+                                 start)
       return hidden, FlaxCache(kv=kv, valid=valid, index=start + t)
+    # Without a cache: rerun every slot, keep the T new columns.
     all_tokens = jax.lax.dynamic_update_slice(cache.tokens, tokens, (0, start))
     all_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (0, start))
-    mask = lm.cached_attention_allowed(valid, jnp.int32(0), slots) | jnp.eye(slots, dtype=bool)
-    if prefill_mask is not None:  # the T tokens are slots [0, T); the rest is empty
-      mask = jnp.pad(prefill_mask[:, :, :slots], ((0, 0), (0, slots - t), (0, 0))) | jnp.eye(
-          slots, dtype=bool)
-    hidden, _ = self._forward(params, all_tokens, all_positions, mask)
+    allowed = (lm.attention_allowed(jnp.pad(segment_ids, ((0, 0), (0, slots - t)))) if fresh
+               else lm.cached_attention_allowed(valid, jnp.int32(0), slots))
+    hidden, _ = self._forward(params, all_tokens, all_positions, _see_self(allowed, 0))
     hidden = jax.lax.dynamic_slice_in_dim(hidden, start, t, axis=1)
     return hidden, TokenCache(tokens=all_tokens, positions=all_positions, valid=valid,
                               index=start + t)

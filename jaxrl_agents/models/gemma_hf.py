@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_agents.models import gemma
-from jaxrl_agents.models import tokenizer as tokenizer_lib
+from jaxrl_agents.models import gemma, weights
 
 MODEL_TYPES = ("gemma3_text", "gemma3")
 _NORMS = {  # gemma name -> Hugging Face name, per layer
@@ -183,50 +182,19 @@ def params_to_hf(params: dict, cfg: gemma.GemmaConfig) -> dict[str, np.ndarray]:
         p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
         p + "mlp.down_proj.weight": layer["mlp"]["linear"].T})
     out.update({p + theirs + ".weight": layer[ours]["scale"] for ours, theirs in _NORMS.items()})
-  return {name: np.ascontiguousarray(w) for name, w in out.items()}
+  return out
 
 
 def load_hf_dir(path: str) -> tuple[dict, gemma.GemmaConfig]:
   """(params, config) of a Hugging Face Gemma 3 directory."""
-  from safetensors.numpy import load_file
-
-  from jaxrl_agents.models import weights
-
   with open(os.path.join(path, "config.json")) as f:
-    hf = json.load(f)
-  cfg = config_from_hf(hf)
-  tensors: dict[str, np.ndarray] = {}
-  for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
-    try:
-      tensors.update(load_file(os.path.join(path, name)))
-    except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
-      raise ValueError(f"cannot read {os.path.join(path, name)!r}: {e}") from e
-  if not tensors:
-    raise FileNotFoundError(f"no *.safetensors weights in {path!r}")
+    cfg = config_from_hf(json.load(f))
+  get, names = weights.read_safetensors_dir(path)
   prefix = next((p for p in ("model.", "language_model.model.", "model.language_model.")
-                 if p + "embed_tokens.weight" in tensors), "model.")
-
-  def get(name):
-    if name not in tensors:
-      raise KeyError(f"weight {name!r} missing from the safetensors files in {path!r}")
-    return weights._to_float32(tensors[name])
-
+                 if p + "embed_tokens.weight" in names), "model.")
   return params_from_hf(get, cfg, prefix), cfg
 
 
 def save_hf_dir(params: dict, cfg: gemma.GemmaConfig, out_dir: str, tokenizer=None) -> None:
   """Writes config.json, model.safetensors (float32) and the tokenizer files."""
-  from safetensors.numpy import save_file
-
-  os.makedirs(out_dir, exist_ok=True)
-  save_file(params_to_hf(params, cfg), os.path.join(out_dir, "model.safetensors"),
-            metadata={"format": "pt"})
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(config_to_hf(cfg, tokenizer), f, indent=2)
-  if tokenizer is not None:
-    tokenizer.save_pretrained(out_dir)
-    generation = {"bos_token_id": tokenizer.bos_token_id,
-                  "eos_token_id": list(tokenizer_lib.stop_token_ids(tokenizer)),
-                  "pad_token_id": tokenizer.pad_token_id}
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-      json.dump(generation, f, indent=2)
+  weights.write_hf_dir(out_dir, params_to_hf(params, cfg), config_to_hf(cfg, tokenizer), tokenizer)

@@ -28,8 +28,6 @@ response, whose hidden state has seen all of it.
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,9 +50,6 @@ def check_frozen_layers(frozen_layers: int, cfg: lm.CausalLM) -> None:
                      f"got {frozen_layers}")
 
 
-_GEMMA_LAYER = re.compile(r"layer_(\d+)")  # the gemma library's layer scopes ("layer_3")
-
-
 def freeze(backbone, frozen_layers: int, cfg: lm.CausalLM):
   """The backbone with the embedding and the first `frozen_layers` layers under stop_gradient.
 
@@ -64,13 +59,12 @@ def freeze(backbone, frozen_layers: int, cfg: lm.CausalLM):
     return backbone
   out = dict(backbone)
   if not isinstance(cfg, transformer.TransformerConfig):
-    frozen = {k for k in backbone if k == "embedder"
-              or (_GEMMA_LAYER.fullmatch(k) and int(k.split("_")[1]) < frozen_layers)}
-    if sum(bool(_GEMMA_LAYER.fullmatch(k)) for k in frozen) != frozen_layers:
-      raise ValueError(f"frozen_layers={frozen_layers} needs the model's first layers named "
-                       f"'layer_<i>' (as Gemma's); this backbone has {sorted(backbone)[:8]}: "
-                       "set frozen_layers=0")
-    out.update({k: jax.lax.stop_gradient(backbone[k]) for k in frozen})
+    frozen = ["embedder"] + [f"layer_{i}" for i in range(frozen_layers)]
+    missing = [name for name in frozen if name not in backbone]
+    if missing:
+      raise ValueError(f"frozen_layers={frozen_layers} needs the scopes {missing} (Gemma's "
+                       f"names); this backbone has {sorted(backbone)[:8]}: set frozen_layers=0")
+    out.update({name: jax.lax.stop_gradient(backbone[name]) for name in frozen})
     return out
   out["embed"] = jax.lax.stop_gradient(backbone["embed"])
   if transformer.is_stacked(backbone):  # the first k rows of each stacked array

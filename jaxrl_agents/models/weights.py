@@ -167,15 +167,11 @@ def check_params(params: dict, cfg: TransformerConfig, source: str = "params") -
                        f"{tuple(want.shape)}")
 
 
-def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
-  """Loads config.json and *.safetensors from a Hugging Face model directory."""
+def read_safetensors_dir(path: str):
+  """`get(name)` -> the float32 array of one weight of the *.safetensors files in `path`
+  (a KeyError naming the directory for a missing one), and the set of names."""
   from safetensors.numpy import load_file
 
-  config_path = os.path.join(path, "config.json")
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{path!r} is not a Hugging Face model directory: no config.json")
-  with open(config_path) as f:
-    cfg = config_from_hf(json.load(f))
   files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
   if not files:
     raise FileNotFoundError(f"no *.safetensors weights in {path!r}")
@@ -192,6 +188,17 @@ def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
       raise KeyError(f"weight {name!r} missing from the safetensors files in {path!r}")
     return _to_float32(tensors[name])
 
+  return get, set(tensors)
+
+
+def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
+  """Loads config.json and *.safetensors from a Hugging Face model directory."""
+  config_path = os.path.join(path, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{path!r} is not a Hugging Face model directory: no config.json")
+  with open(config_path) as f:
+    cfg = config_from_hf(json.load(f))
+  get, _ = read_safetensors_dir(path)
   params = {
       "embed": get("model.embed_tokens.weight"),
       "layers": _collect_layers(get, cfg, _HF_LAYER_NAMES, "model.layers.{i}."),
@@ -211,9 +218,6 @@ def _to_float32(x: np.ndarray) -> np.ndarray:
 
 def save_hf_dir(params: dict, cfg: TransformerConfig, out_dir: str, tokenizer=None) -> None:
   """Writes config.json, model.safetensors (float32) and, if given, tokenizer files."""
-  from safetensors.numpy import save_file
-
-  os.makedirs(out_dir, exist_ok=True)
   host = _to_numpy(unstack_layers(params))
   tensors = {
       "model.embed_tokens.weight": host["embed"],
@@ -224,13 +228,29 @@ def save_hf_dir(params: dict, cfg: TransformerConfig, out_dir: str, tokenizer=No
       tensors[f"model.layers.{i}.{_HF_LAYER_NAMES[key]}"] = layer[key]
   if not cfg.tie_embeddings:
     tensors["lm_head.weight"] = host["lm_head"]
+  write_hf_dir(out_dir, tensors, config_to_hf(cfg), tokenizer)
+
+
+def write_hf_dir(out_dir: str, tensors: dict[str, np.ndarray], config: dict[str, Any],
+                 tokenizer=None) -> None:
+  """A Hugging Face directory: model.safetensors (float32), config.json and, with a
+  tokenizer, its files and generation_config.json."""
+  from safetensors.numpy import save_file
+
+  os.makedirs(out_dir, exist_ok=True)
   tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
   save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(config_to_hf(cfg), f, indent=2)
+    json.dump(config, f, indent=2)
   if tokenizer is not None:
+    from jaxrl_agents.models import tokenizer as tokenizer_lib
+
     tokenizer.save_pretrained(out_dir)
-    generation = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+    # Every stop token (Gemma's instruct models end a turn with <end_of_turn> and the text
+    # with <eos>), as transformers' and vLLM's generation read them.
+    stops = list(tokenizer_lib.stop_token_ids(tokenizer))
+    generation = {"bos_token_id": tokenizer.bos_token_id,
+                  "eos_token_id": stops[0] if len(stops) == 1 else stops,
                   "pad_token_id": tokenizer.pad_token_id}
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
       json.dump(generation, f, indent=2)

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from jaxrl_agents import registry
-from jaxrl_agents.models import gemma, lm, transformer, weights
+from jaxrl_agents.models import gemma, gemma_hf, lm, transformer, weights
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ TINY_LLAMA3 = TINY.replace(rope_theta=5e5, rope_scaling=(8.0, 1.0, 4.0, 64))
 
 
 def _random_model(cfg: lm.CausalLM, name: str, seed: int = 0, tokenizer=None) -> Model:
-  params = jax.jit(lambda rng: cfg.init(rng))(jax.random.key(seed))
+  params = jax.jit(cfg.init)(jax.random.key(seed))
   return Model(params=params, cfg=cfg, tokenizer=tokenizer or tokenizer_lib.byte_level_tokenizer(),
                name=name)
 
@@ -153,7 +153,7 @@ _PRESETS: dict[str, Callable[[], Model]] = {
     "tiny": lambda: _random_model(TINY, "tiny"),
     "tiny-qwen2": lambda: _random_model(TINY_QWEN2, "tiny-qwen2"),
     "tiny-llama3": lambda: _random_model(TINY_LLAMA3, "tiny-llama3"),
-    "tiny-gemma": lambda: _tiny_gemma(),
+    "tiny-gemma": _tiny_gemma,
     DEFAULT_MODEL: lambda: load_dir(smollm2_dir(), name=DEFAULT_MODEL),
 }
 for _name, _fn in _PRESETS.items():
@@ -167,8 +167,6 @@ def names() -> list[str]:
 def load_dir(path: str, name: str | None = None) -> Model:
   """A Hugging Face directory: a Llama-family model (the project's transformer) or a Gemma 3
   (`models/gemma.py` through `flax_lm`)."""
-  from jaxrl_agents.models import gemma_hf
-
   if gemma_hf.is_gemma_dir(path):
     params, gemma_cfg = gemma_hf.load_hf_dir(path)
     cfg = gemma.definition(gemma_cfg)
@@ -176,10 +174,6 @@ def load_dir(path: str, name: str | None = None) -> Model:
     params, cfg = weights.load_hf_dir(path)
   tok = tokenizer_lib.load_tokenizer(path)
   return Model(params=params, cfg=cfg, tokenizer=tok, name=name or path)
-
-
-# `zoo.load("gemma3-1b:/path/to/checkpoint")`: a checkpoint of Google's gemma library.
-GEMMA_VARIANTS = tuple(gemma.VARIANTS)
 
 
 def gemma_tokenizer(checkpoint: str):
@@ -256,8 +250,6 @@ def save_hf_dir(model: Model, out_dir: str) -> None:
   if gemma_cfg is None:
     raise ValueError(f"no Hugging Face export for a {type(model.cfg).__name__}; the project's "
                      "transformer and Gemma export (save a Flax model's params with orbax)")
-  from jaxrl_agents.models import gemma_hf
-
   gemma_hf.save_hf_dir(model.params, gemma_cfg, out_dir, tokenizer=model.tokenizer)
 
 
@@ -282,7 +274,7 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
   variant, _, checkpoint = name_or_path.partition(":")
   if name_or_path in _PRESETS:
     model = _PRESETS[name_or_path]()
-  elif checkpoint and variant in GEMMA_VARIANTS:
+  elif checkpoint and variant in gemma.VARIANTS:  # a checkpoint of Google's gemma library
     model = load_gemma_checkpoint(variant, checkpoint)
   elif os.path.isdir(name_or_path):
     model = load_dir(name_or_path)
@@ -292,7 +284,7 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
     raise ValueError(
         f"unknown model {name_or_path!r}: not a preset ({', '.join(names())}), "
         "a Hugging Face directory, a .gguf file or <gemma variant>:<checkpoint> "
-        f"({', '.join(GEMMA_VARIANTS)})")
+        f"({', '.join(gemma.VARIANTS)})")
   lm.check_definition(model.cfg)
   param_dtype = param_dtype or "float32"
   model.cfg = model.cfg.replace(dtype=dtype, param_dtype=param_dtype)
