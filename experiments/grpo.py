@@ -82,6 +82,8 @@ class GRPOSettings:
     turn_credit: how an episode's advantage reaches its turns (TURN_CREDITS).
     turn_gamma: the discount per turn of turn-level returns (and of shaping).
     step_weight: GiGPO's weight of the step-group advantage.
+    behavior_logp: the loss reads the sampler's log-probabilities (`config.overlap`, or an
+      off-policy correction): it logs the distance to them and corrects by them.
   """
 
   objective: objective_lib.PolicyObjective
@@ -99,6 +101,7 @@ class GRPOSettings:
   turn_credit: str = "episode"
   turn_gamma: float = 1.0
   step_weight: float = 1.0
+  behavior_logp: bool = False
 
   @property
   def on_policy(self) -> bool:
@@ -189,6 +192,9 @@ def settings_from_config(config) -> GRPOSettings:
       share_prompt=config.get("share_prompt", False),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
+  correction = settings.objective.off_policy_correction
+  if config.get("overlap", False) or correction != "none":
+    settings = dataclasses.replace(settings, behavior_logp=True)
   if settings.objective.kl_on:
     make_kl_controller(settings)  # its own checks (e.g. adaptive's target > 0)
   return settings
@@ -334,9 +340,9 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
     kl_per_token = scoring.to_stream(kl_lib.forward_kl_from_logits(
         logits / hp.temperature, ref_logits / hp.temperature), traj)
   old_logp = jax.lax.stop_gradient(logp) if s.on_policy else batch.old_logp
-  return objective_lib.policy_objective(hp, logp, entropy, old_logp, batch.advantages, mask,
-                                        beta=beta, ref_logp=batch.ref_logp,
-                                        kl_per_token=kl_per_token)
+  return objective_lib.policy_objective(
+      hp, logp, entropy, old_logp, batch.advantages, mask, beta=beta, ref_logp=batch.ref_logp,
+      kl_per_token=kl_per_token, behavior_logp=traj.sampling_logprobs if s.behavior_logp else None)
 
 
 def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,

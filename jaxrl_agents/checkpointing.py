@@ -202,7 +202,8 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
 
   Works without the experiment's code: the state is restored as plain arrays
   and the policy is `state["params"]` (or its "policy" entry when the params
-  also hold a critic).
+  also hold a critic), inside `state["train"]` for an overlapped run
+  (`overlap.OverlapState`).
   """
   ckpt = Checkpointer(workdir)
   try:
@@ -222,11 +223,15 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
         log.warning("checkpoint step %d is unreadable (%s); trying an older one", step, e)
         continue
       state, meta = restored["state"], restored["meta"]
-      params, prefix = state["params"], "params/"
+      root = ""
+      if "params" not in state and "train" in state:  # an overlapped run's OverlapState
+        state, root = state["train"], "train/"
+      params, prefix = state["params"], root + "params/"
       if isinstance(params, dict) and "policy" in params:
-        params, prefix = params["policy"], "params/policy/"
+        params, prefix = params["policy"], prefix + "policy/"
       if "digests" in meta:  # export must never ship damaged weights
-        verify_digests({"params": state["params"]}, meta["digests"]["state"],
+        tree = {"train": {"params": state["params"]}} if root else {"params": state["params"]}
+        verify_digests(tree, meta["digests"]["state"],
                        f"checkpoint step {step} in {ckpt.directory}", prefix=prefix)
       else:
         log.warning("checkpoint step %d has no digests (older version): exported unverified",

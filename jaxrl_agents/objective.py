@@ -2,10 +2,11 @@
 
 GRPO and PPO (and any trainer of a policy on sampled tokens) share it:
 
-  loss = policy_loss(logp, old_logp, A, mask')            registered "policy_loss"
+  loss = policy_loss(logp, old_logp, w * A, mask')        registered "policy_loss"
        + beta * KL(pi || pi_ref)                          registered "kl" estimator, or "forward"
        - entropy_coef * H(pi)
   mask' = token_control(mask)                             "covariance_clip" / "entropy_gate" / none
+  w = importance weights against the sampling policy     "tis" / "mis" / none (losses/off_policy.py)
 
 `PolicyObjective` holds the hyperparameters as a frozen (hashable) dataclass,
 built from the config in the experiment, so nothing under jit reads a
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 from jaxrl_agents import registry
 from jaxrl_agents.losses import entropy as entropy_lib
 from jaxrl_agents.losses import kl as kl_lib
+from jaxrl_agents.losses import off_policy
 from jaxrl_agents.losses import token_controls
 from jaxrl_agents.losses.aggregation import aggregate, masked_mean
 from jaxrl_agents.rollout import self_play
@@ -57,6 +59,10 @@ class PolicyObjective:
     token_control: one of TOKEN_CONTROLS.
     token_control_frac: its fraction (covariance_clip: dropped; entropy_gate: kept).
     token_control_per_sequence: rank tokens within each sequence instead of the batch.
+    off_policy_correction: one of off_policy.CORRECTIONS, for tokens the sampler drew from
+      another policy than the one updated (an overlapped rollout's, or a sampler whose
+      numerics differ from the update's).
+    off_policy_cap: its truncation level / band (> 1).
   """
 
   policy_loss: str = "ppo"
@@ -70,6 +76,8 @@ class PolicyObjective:
   token_control: str = "none"
   token_control_frac: float = 0.0
   token_control_per_sequence: bool = False
+  off_policy_correction: str = "none"
+  off_policy_cap: float = 2.0
 
   def __post_init__(self):
     registry.get("policy_loss", self.policy_loss)
@@ -81,6 +89,11 @@ class PolicyObjective:
                        f"got {self.token_control!r}")
     if self.token_control != "none" and not 0.0 <= self.token_control_frac <= 1.0:
       raise ValueError(f"token_control_frac must be in [0, 1], got {self.token_control_frac}")
+    if self.off_policy_correction not in off_policy.CORRECTIONS:
+      raise ValueError(f"off_policy.correction must be one of {off_policy.CORRECTIONS}, got "
+                       f"{self.off_policy_correction!r}")
+    if not self.off_policy_cap > 1.0:
+      raise ValueError(f"off_policy.cap must be > 1, got {self.off_policy_cap}")
 
   @property
   def needs_ref_logits(self) -> bool:
@@ -121,6 +134,7 @@ def policy_token_budget(config) -> int:
 def from_config(config) -> PolicyObjective:
   """The PolicyObjective of an RL experiment's config (see experiments/configs/)."""
   control = config.get("token_control", None)
+  correction = config.get("off_policy", None)
   return PolicyObjective(
       policy_loss=config.policy_loss,
       loss_kwargs=loss_hyperparameters(config.policy_loss, config.loss_kwargs),
@@ -132,7 +146,9 @@ def from_config(config) -> PolicyObjective:
       temperature=float(config.temperature),
       token_control=control.name if control else "none",
       token_control_frac=float(control.frac) if control else 0.0,
-      token_control_per_sequence=bool(control.per_sequence) if control else False)
+      token_control_per_sequence=bool(control.per_sequence) if control else False,
+      off_policy_correction=correction.correction if correction else "none",
+      off_policy_cap=float(correction.cap) if correction else 2.0)
 
 
 def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
@@ -155,7 +171,8 @@ def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
 def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
                      old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                      beta: jax.Array | float = 0.0, ref_logp: jax.Array | None = None,
-                     kl_per_token: jax.Array | None = None
+                     kl_per_token: jax.Array | None = None,
+                     behavior_logp: jax.Array | None = None
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The policy loss with its KL and entropy terms.
 
@@ -169,11 +186,24 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
     beta: the KL coefficient.
     ref_logp: f32[B, T] reference log-probs (a sampled-token KL estimator).
     kl_per_token: f32[B, T] an exact per-position KL (the forward KL), instead.
+    behavior_logp: f32[B, T] log-probs the sampler drew the tokens with: logs how far the
+      update's policy (old_logp) is from it, and `hp.off_policy_correction` weights by it.
 
   Returns:
     (scalar loss, metrics: the loss's, kl, entropy, loss, and the token control's).
   """
-  loss_mask, metrics = controlled_mask(hp, logp, entropy, advantages, mask)
+  metrics = {}
+  loss_mask = mask
+  if behavior_logp is not None:
+    weights, loss_mask, metrics = off_policy.behavior_weights(
+        old_logp, behavior_logp, mask, correction=hp.off_policy_correction,
+        cap=hp.off_policy_cap)
+    if hp.off_policy_correction != "none":
+      adv = jnp.broadcast_to(advantages[:, None], mask.shape) if advantages.ndim == 1 \
+          else advantages
+      advantages = adv * weights
+  loss_mask, control_metrics = controlled_mask(hp, logp, entropy, advantages, loss_mask)
+  metrics = {**metrics, **control_metrics}
   loss, loss_metrics = registry.get("policy_loss", hp.policy_loss)(
       logp, old_logp, advantages, loss_mask, aggregation=hp.aggregation,
       normalizer=hp.normalizer, **dict(hp.loss_kwargs))

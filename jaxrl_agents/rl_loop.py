@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import credit, distributed, harness, sharding, types
+from jaxrl_agents import credit, distributed, harness, overlap, sharding, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
@@ -286,11 +286,12 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
   """
 
   mesh = sharding.for_config(config)
+  overlapped = bool(config.get("overlap", False))
+  if overlapped:
+    overlap.check_supported(config, mesh)
 
-  def train_step(state, rng, progress_fraction):
-    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
-    t0 = time.perf_counter()
-    r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
+  def update_step(state, r: Rollout, extra: Mapping[str, float], prepare_rng, update_rng,
+                  progress_fraction, rollout_s: float, wait_s: float) -> harness.StepResult:
     t1 = time.perf_counter()
     # Rows split over the mesh's data x fsdp devices (no-op on one device); what the
     # batch carries that is not per row (a baseline's state) stays as it is.
@@ -307,20 +308,67 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
         **extra,
         **{k: float(v) for k, v in update_metrics.items()},
         "skipped_updates": algorithm.nonfinite_count(state)[1],
-        "rollout_time_s": t1 - t0, "update_time_s": t2 - t1,
-        "rollout_tokens_per_s": generated / max(t1 - t0, 1e-9),
+        "rollout_time_s": rollout_s, "update_time_s": t2 - t1,
+        "rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
         "update_tokens_per_s": attended * config.get("epochs", 1) / max(t2 - t1, 1e-9),
     }
+    if overlapped:  # the rollout ran during the previous update: the step waited this long
+      record["rollout_wait_s"] = wait_s
     return harness.StepResult(state, record, rollout_samples(r))
 
-  run_eval = None if evaluate is None else (
-      lambda state: evaluate(algorithm.policy_params(state)))
-  return harness.run(
-      config, workdir, init_state=lambda: algorithm.init_state(
-          model.params, jax.random.fold_in(jax.random.key(config.seed), 0x5EED)),
-      train_step=train_step, evaluate=run_eval, data=train_data,
-      nonfinite_count=algorithm.nonfinite_count, postfix=("reward_mean", "accuracy"),
-      finite_keys=("reward_mean",), progress=progress)
+  def train_step(state, rng, progress_fraction):
+    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
+    t0 = time.perf_counter()
+    r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
+    rollout_s = time.perf_counter() - t0
+    return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction, rollout_s,
+                       rollout_s)
+
+  def init_state():
+    return algorithm.init_state(model.params,
+                                jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
+
+  if not overlapped:
+    run_eval = None if evaluate is None else (
+        lambda state: evaluate(algorithm.policy_params(state)))
+    return harness.run(
+        config, workdir, init_state=init_state, train_step=train_step, evaluate=run_eval,
+        data=train_data, nonfinite_count=algorithm.nonfinite_count,
+        postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",), progress=progress)
+
+  data = overlap.Lookahead(train_data)
+  pipeline = overlap.Pipeline(collect, data, config.seed)
+
+  def overlapped_step(state: overlap.OverlapState, rng, progress_fraction):
+    # train_step's split; the rollout's key is overlap.rollout_key (either thread samples it)
+    _, prepare_rng, update_rng = jax.random.split(rng, 3)
+    step, t0 = int(state.step), time.perf_counter()
+    r, extra, rollout_s = pipeline.take(step, state.behavior_params)
+    wait_s = time.perf_counter() - t0
+    # The update donates the train state: the next rollout samples from a copy.
+    sampler_params = overlap.copy_params(algorithm.policy_params(state.train))
+    if step + 1 < config.steps:
+      pipeline.start(step + 1, sampler_params)
+    result = update_step(state.train, r, extra, prepare_rng, update_rng, progress_fraction,
+                         rollout_s, wait_s)
+    return result._replace(state=overlap.OverlapState(
+        train=result.state, behavior_params=sampler_params, step=state.step + 1))
+
+  def overlapped_eval(state: overlap.OverlapState):
+    pipeline.drain()  # the rewards' host state is not shared across threads
+    return evaluate(algorithm.policy_params(state.train))
+
+  try:
+    return harness.run(
+        config, workdir,
+        init_state=lambda: overlap.OverlapState(
+            train=init_state(), behavior_params=overlap.copy_params(model.params),
+            step=jnp.zeros((), jnp.int32)),
+        train_step=overlapped_step, evaluate=None if evaluate is None else overlapped_eval,
+        data=data, nonfinite_count=lambda state: algorithm.nonfinite_count(state.train),
+        postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",), progress=progress)
+  finally:
+    pipeline.close()
 
 
 def rollout_samples(r: Rollout) -> list[dict]:

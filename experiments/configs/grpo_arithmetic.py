@@ -118,6 +118,14 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
       weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
   c.max_consecutive_nonfinite = 5
 
+  # Sample step t+1's rollout while step t's update runs, with the policy that update
+  # starts from (one step off-policy; jaxrl_agents/overlap.py). One process, one device.
+  c.overlap = False
+  # Tokens drawn by another policy than the one updated (the overlap's, or a sampler whose
+  # numerics differ): "none", "tis" (advantage x min(rho, cap)) or "mis" (tokens with rho
+  # outside [1/cap, cap] leave the loss); rho = pi / sampling policy (losses/off_policy.py).
+  c.off_policy = ml_collections.ConfigDict(dict(correction="none", cap=2.0))
+
   # Devices (jaxrl_agents/sharding.py): rows split over data x fsdp, weights and
   # optimizer moments over fsdp (and tensor); -1 takes the devices left over. All
   # 1: one device.

@@ -1,0 +1,150 @@
+"""The next step's rollout sampled while this step's update runs (one step off-policy).
+
+With `config.overlap`, step t's update (on the rollout of step t) and step
+t+1's rollout run at the same time: the rollout samples with the policy the
+update starts from, so every rollout is one update behind the policy it
+trains, as in PipelineRL and AReaL. The sampler recorded the log-probability
+of each token under the policy that drew it, and `losses/off_policy.py`
+corrects for the lag if asked (`config.off_policy.correction`).
+
+What makes it resume exactly (a run stopped at any step, then resumed, logs
+what an uninterrupted run logs):
+  * the train state carries the policy that samples the next rollout
+    (`OverlapState.behavior_params`, the params before the last update), so a
+    resumed run samples that rollout again, with the same policy;
+  * each rollout's key derives from (seed, its step) (`rollout_key`);
+  * the data iterator reports the position of the batches the updates used
+    (`Lookahead.get_state`), not of one drawn ahead for a rollout in flight.
+
+The rollout runs in one background thread: the sampler's jitted calls and the
+update's run concurrently (JAX releases the GIL while a computation runs),
+host-side reward scoring too. The pipeline is drained before an evaluation
+(rewards and the sampler's host state are not shared across threads) and at
+the end. One process, one device: several processes would have to dispatch
+the two threads' collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# Tag of the rollout keys' stream: apart from the harness's per-step keys.
+_ROLLOUT_STREAM = 0x0F1A
+
+
+class OverlapState(NamedTuple):
+  """The train state of an overlapped run.
+
+  Attributes:
+    train: the algorithm's own state.
+    behavior_params: the policy that samples the next rollout: the policy
+      params before the last update (the initial params before the first).
+    step: int32[] steps done.
+  """
+
+  train: Any
+  behavior_params: Any
+  step: jax.Array
+
+
+def copy_params(params):
+  """A copy the update's donation of the train state cannot delete."""
+  return jax.tree.map(jnp.copy, params)
+
+
+def rollout_key(seed: int, step: int) -> jax.Array:
+  """The key of step `step`'s rollout (whichever thread samples it)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _ROLLOUT_STREAM), step)
+
+
+def check_supported(config, mesh) -> None:
+  """Refuses settings the overlap does not support yet, naming them."""
+  if jax.process_count() > 1:
+    raise ValueError("config.overlap runs on one process: with several, the rollout thread's "
+                     "and the update's collectives could be dispatched in different orders")
+  if mesh is not None and mesh.size > 1:
+    raise ValueError(f"config.overlap runs on one device; config.mesh names {mesh.size}")
+
+
+class Lookahead:
+  """A data iterator whose saved position leaves out the batch drawn ahead.
+
+  `draw_ahead()` takes the next batch for a rollout that runs during this
+  step's update; the position `get_state()` reports stays that of the batches
+  the updates used until that rollout is consumed (`consumed_ahead()`), so a
+  checkpoint taken while it is in flight resumes by drawing it again.
+  """
+
+  def __init__(self, data):
+    self._data = data
+    self._before_ahead = None  # the position before the batch in flight, if one is
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._data)
+
+  def draw_ahead(self):
+    self._before_ahead = copy.deepcopy(self._data.get_state())
+    return next(self._data)
+
+  def consumed_ahead(self) -> None:
+    self._before_ahead = None
+
+  def get_state(self):
+    return self._data.get_state() if self._before_ahead is None else self._before_ahead
+
+  def set_state(self, state) -> None:
+    self._before_ahead = None
+    self._data.set_state(state)
+
+
+class Pipeline:
+  """At most one rollout in flight, sampled by `collect(params, examples, key)`."""
+
+  def __init__(self, collect, data: Lookahead, seed: int):
+    self._collect, self._data, self._seed = collect, data, seed
+    self._executor = concurrent.futures.ThreadPoolExecutor(1, "overlapped-rollout")
+    self._pending: tuple[int, concurrent.futures.Future] | None = None
+
+  def _timed_collect(self, params, examples, step: int):
+    t0 = time.perf_counter()
+    r, extra = self._collect(params, examples, rollout_key(self._seed, step))
+    return r, extra, time.perf_counter() - t0
+
+  def take(self, step: int, behavior_params) -> tuple[Any, dict, float]:
+    """Step `step`'s rollout: the one in flight, or sampled now with `behavior_params`.
+
+    Returns (rollout, the collector's scalars, seconds it took to sample).
+    """
+    if self._pending is not None:
+      pending_step, future = self._pending
+      if pending_step != step:
+        raise RuntimeError(f"the rollout in flight is step {pending_step}'s, not step {step}'s")
+      self._pending = None
+      self._data.consumed_ahead()
+      return future.result()
+    return self._timed_collect(behavior_params, next(self._data), step)
+
+  def start(self, step: int, params) -> None:
+    """Samples step `step`'s rollout with `params` in the background."""
+    if self._pending is not None:
+      raise RuntimeError(f"step {self._pending[0]}'s rollout is still in flight")
+    examples = self._data.draw_ahead()
+    self._pending = (step, self._executor.submit(self._timed_collect, params, examples, step))
+
+  def drain(self) -> None:
+    """Waits for the rollout in flight (kept for `take`, which raises what it raised)."""
+    if self._pending is not None:
+      concurrent.futures.wait([self._pending[1]])
+
+  def close(self) -> None:
+    self._executor.shutdown(wait=True, cancel_futures=True)
+    self._pending = None
