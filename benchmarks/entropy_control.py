@@ -45,10 +45,18 @@ VARIANTS: dict[str, tuple[dict[str, object], str]] = {
     "cov_clip": ({"token_control.name": "covariance_clip", "token_control.frac": 0.02},
                  "no gradient through the 2% of tokens with the largest "
                  "log-prob/advantage covariance (KL-Cov/Clip-Cov)"),
+    "gate_cosine": ({"token_control.name": "entropy_gate", "token_control.frac": 0.2,
+                     "optimizer.decay": "cosine"}, "entropy_gate and lr_cosine together"),
     "entropy_bonus": ({"entropy_coef": 0.005}, "entropy bonus 0.005"),
     "temperature_1": ({"temperature": 1.0}, "sampling temperature 1.0 instead of 0.8"),
     "kl_accuracy": ({"kl_coef": 0.05, "kl_controller.name": "accuracy"},
                     "k3 KL to the initial policy, beta = 0.05 x accuracy^2"),
+    "oversample": ({"oversample": 2},
+                   "8 groups sampled, the 4 whose rewards vary trained on (DAPO's dynamic "
+                   "sampling)"),
+    "overlap": ({"overlap": True}, "rollout overlapped with the update (one step stale)"),
+    "overlap_tis": ({"overlap": True, "off_policy.correction": "tis"},
+                    "overlapped, truncated importance sampling (cap 2)"),
 }
 
 STEPS = 50

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import distributed, harness, registry, rl_loop, sharding
+from jaxrl_agents import distributed, harness, overlap, registry, rl_loop, sharding
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import transformer, zoo
@@ -39,6 +39,7 @@ def validate_common(config) -> None:
   if shaping and shaping.name == "par" and shaping.references < 1:
     raise ValueError(f"reward_shaping.references must be >= 1, got {shaping.references}")
   registry.get("reward", config.grader)
+  _validate_off_policy(config)
   if config.model not in zoo.names() and not config.model.endswith((".gguf",)):
     import os
 
@@ -313,3 +314,22 @@ def main(train_fn) -> None:
     train_fn(config.value, workdir.value)
 
   app.run(run)
+
+
+def _validate_off_policy(config) -> None:
+  """The overlap's and the off-policy correction's limits (jaxrl_agents/overlap.py)."""
+  if config.get("overlap", False):
+    overlap.check_supported(config, sharding.for_config(config))
+  correction = config.get("off_policy", None)
+  if not correction or correction.correction == "none":
+    return
+  if config.get("top_p", 1.0) < 1.0 or config.get("top_k", 0) > 0:
+    # The sampler records log-probs under the truncated distribution, the update scores
+    # the untruncated one: every ratio would be the kept mass, not the policies' lag.
+    raise ValueError(f"off_policy.correction {correction.correction!r} needs untruncated "
+                     f"sampling (top_p=1, top_k=0; got {config.get('top_p')}, "
+                     f"{config.get('top_k')}): the ratio to the sampler's log-probs would "
+                     "measure the truncation")
+  if config.get("policy_loss") == "gspo":
+    raise ValueError("off_policy.correction weights tokens; GSPO's ratio is per sequence: "
+                     "use correction='none' with gspo")

@@ -105,8 +105,9 @@ class GRPOSettings:
 
   @property
   def on_policy(self) -> bool:
-    # With one update per rollout the sampling policy is the current one: the
-    # ratio is exactly 1, and recomputing old log-probs would be a wasted pass.
+    # With one update per rollout the policy the update starts from is the current
+    # one: the ratio is exactly 1, and recomputing old log-probs would be a wasted
+    # pass (an overlapped rollout's lag is the off-policy correction's business).
     return self.epochs * self.minibatches == 1
 
   @property

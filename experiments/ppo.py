@@ -234,6 +234,11 @@ def validate(config) -> None:
   if controller and controller.name != "fixed":
     raise ValueError(f"kl_controller {controller.name!r} is GRPO's; PPO's KL is a reward "
                      "penalty with the fixed coefficient kl_coef (set kl_controller.name='fixed')")
+  if config.get("overlap", False):
+    raise ValueError("config.overlap is GRPO's for now: PPO's critic and GAE would need their "
+                     "own off-policy treatment; set overlap=False")
+  if config.get("off_policy", None) and config.off_policy.correction != "none":
+    raise ValueError("config.off_policy.correction is GRPO's for now; set it to 'none'")
   if config.get("oversample", 1) != 1:
     raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
                      "on every sample (its critic is the baseline): set oversample=1")

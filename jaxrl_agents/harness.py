@@ -379,7 +379,7 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
         evaluate: Callable[[Any], tuple[dict, list[dict]]] | None, data,
         nonfinite_count: Callable[[Any], tuple[int, int]] | None = None,
         postfix: Sequence[str] = (), finite_keys: Sequence[str] = (),
-        progress: bool = True) -> dict:
+        progress: bool = True, on_exit: Callable[[], None] | None = None) -> dict:
   """Trains for config.steps steps in `workdir`, resuming from its latest checkpoint.
 
   Args:
@@ -398,6 +398,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     postfix: record keys shown on the progress bar.
     finite_keys: record keys whose non-finite value stops the run (after it is logged).
     progress: show a tqdm progress bar on stderr.
+    on_exit: called when the loop ends, however it ends, while the workdir is still
+      locked: where a trainer stops its background work.
 
   Returns:
     The last eval record ({} when evaluation is off).
@@ -424,7 +426,11 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       try:
         _loop(r, train_step, postfix, finite_keys, progress and main)
       finally:
-        r.writer.close()
+        try:
+          if on_exit is not None:
+            on_exit()
+        finally:
+          r.writer.close()
     finally:
       ckpt.close()
   return r.last_eval

@@ -5,8 +5,8 @@ GRPO and PPO (and any trainer of a policy on sampled tokens) share it:
   loss = policy_loss(logp, old_logp, w * A, mask')        registered "policy_loss"
        + beta * KL(pi || pi_ref)                          registered "kl" estimator, or "forward"
        - entropy_coef * H(pi)
-  mask' = token_control(mask)                             "covariance_clip" / "entropy_gate" / none
-  w = importance weights against the sampling policy     "tis" / "mis" / none (losses/off_policy.py)
+  mask' = token_control(mask, less the tokens "mis" drops)  "covariance_clip" / "entropy_gate" / none
+  w = importance weights against the sampling policy       "tis" / "mis" / none (losses/off_policy.py)
 
 `PolicyObjective` holds the hyperparameters as a frozen (hashable) dataclass,
 built from the config in the experiment, so nothing under jit reads a
@@ -180,7 +180,8 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
     hp: the static hyperparameters.
     logp: f32[B, T] log pi_T of the sampled tokens (differentiable).
     entropy: f32[B, T] entropy of pi_T at each position.
-    old_logp: f32[B, T] under the sampling policy.
+    old_logp: f32[B, T] under the policy the update started from (the proximal policy;
+      the sampling policy unless the rollout was overlapped or sampled elsewhere).
     advantages: f32[B] or f32[B, T].
     mask: bool[B, T] policy tokens.
     beta: the KL coefficient.

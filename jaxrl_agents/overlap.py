@@ -16,25 +16,36 @@ what an uninterrupted run logs):
   * the data iterator reports the position of the batches the updates used
     (`Lookahead.get_state`), not of one drawn ahead for a rollout in flight.
 
-The rollout runs in one background thread: the sampler's jitted calls and the
-update's run concurrently (JAX releases the GIL while a computation runs),
-host-side reward scoring too. The pipeline is drained before an evaluation
-(rewards and the sampler's host state are not shared across threads) and at
-the end. One process, one device: several processes would have to dispatch
-the two threads' collectives in the same order.
+The rollout runs in one background thread. On a CPU the sampler's jitted
+calls and the update's run at the same time (JAX releases the GIL while a
+computation runs), host-side reward scoring too; on one accelerator the two
+share its compute stream, so there the overlap hides host work (tokenizing,
+rewards, dispatch) rather than device time. The pipeline is drained before an
+evaluation (rewards and the sampler's host state are not shared across
+threads; the wait counts as evaluation time) and at the end. One process, one
+device: several processes would have to dispatch the two threads' collectives
+in the same order.
+
+Memory: the train state holds a second copy of the policy (`behavior_params`,
+checkpointed too), and during an update a third (the copy the next rollout
+samples with) is alive beside it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import copy
+import logging
 import time
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-# Tag of the rollout keys' stream: apart from the harness's per-step keys.
+log = logging.getLogger(__name__)
+
+# Tag of the rollout keys' stream, folded into the seed's key before the step: these
+# keys are not the harness's per-step keys (which fold the step in once).
 _ROLLOUT_STREAM = 0x0F1A
 
 
@@ -146,5 +157,17 @@ class Pipeline:
       concurrent.futures.wait([self._pending[1]])
 
   def close(self) -> None:
+    """Waits for a rollout in flight (a running one cannot be cancelled) and stops the thread.
+
+    A run that stops with one in flight (the time budget, SIGTERM, an error) has
+    checkpointed without it: its resume samples it again.
+    """
+    if self._pending is not None:
+      step, future = self._pending
+      if not future.done():
+        log.info("waiting for step %d's rollout, in flight, before exiting", step)
+      if future.exception() is not None:
+        log.warning("step %d's rollout, in flight when the run stopped, failed: %r", step,
+                    future.exception())
     self._executor.shutdown(wait=True, cancel_futures=True)
     self._pending = None

@@ -14,6 +14,10 @@ and the eval records; samples.jsonl the prompts, completions and rewards.
 
 Randomness derives from (seed, step) alone, so a run resumed from a checkpoint
 continues exactly as if it had never stopped (bitwise on CPU).
+
+With `config.overlap` the next step's rollout samples while this step's update
+runs, one update behind the policy (`overlap.py`); the train state is then an
+`overlap.OverlapState` around the algorithm's.
 """
 
 from __future__ import annotations
@@ -358,17 +362,15 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     pipeline.drain()  # the rewards' host state is not shared across threads
     return evaluate(algorithm.policy_params(state.train))
 
-  try:
-    return harness.run(
-        config, workdir,
-        init_state=lambda: overlap.OverlapState(
-            train=init_state(), behavior_params=overlap.copy_params(model.params),
-            step=jnp.zeros((), jnp.int32)),
-        train_step=overlapped_step, evaluate=None if evaluate is None else overlapped_eval,
-        data=data, nonfinite_count=lambda state: algorithm.nonfinite_count(state.train),
-        postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",), progress=progress)
-  finally:
-    pipeline.close()
+  return harness.run(
+      config, workdir,
+      init_state=lambda: overlap.OverlapState(
+          train=init_state(), behavior_params=overlap.copy_params(model.params),
+          step=jnp.zeros((), jnp.int32)),
+      train_step=overlapped_step, evaluate=None if evaluate is None else overlapped_eval,
+      data=data, nonfinite_count=lambda state: algorithm.nonfinite_count(state.train),
+      postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",), progress=progress,
+      on_exit=pipeline.close)
 
 
 def rollout_samples(r: Rollout) -> list[dict]:

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import grpo
-from experiments.configs import grpo_arithmetic
+from experiments import grpo, ppo
+from experiments.configs import grpo_arithmetic, ppo_arithmetic
 from jaxrl_agents import checkpointing, overlap
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import metrics as metrics_lib
@@ -107,7 +107,7 @@ def test_lookahead_reports_the_position_the_updates_used():
 
 def _tiny_overlap_config(steps, correction="tis"):
   config = grpo_arithmetic.get_config("tiny")
-  config.steps, config.checkpoint_every, config.overlap = steps, 1, True
+  config.steps, config.checkpoint_every, config.overlap = steps, 3, True
   config.off_policy.correction = correction
   return config
 
@@ -124,7 +124,7 @@ def test_overlapped_run_resumes_exactly(tmp_path, monkeypatch):
   whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
   grpo.train(_tiny_overlap_config(4), whole, progress=False)
   # SIGTERM during step 2, once step 3's rollout is in flight: the run checkpoints step 2
-  # and exits; the resumed run samples that rollout again from the checkpoint.
+  # (not a scheduled checkpoint) and exits; the resumed run samples that rollout again.
   start = overlap.Pipeline.start
 
   def start_then_sigterm(self, step, params):
@@ -133,8 +133,9 @@ def test_overlapped_run_resumes_exactly(tmp_path, monkeypatch):
       os.kill(os.getpid(), signal.SIGTERM)
 
   monkeypatch.setattr(overlap.Pipeline, "start", start_then_sigterm)
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as exited:
     grpo.train(_tiny_overlap_config(4), stopped, progress=False)
+  assert exited.value.code == 143
   monkeypatch.undo()
   assert checkpointing.Checkpointer(stopped).steps()[-1] == 2
   grpo.train(_tiny_overlap_config(4), stopped, progress=False)
@@ -150,8 +151,17 @@ def test_overlapped_run_resumes_exactly(tmp_path, monkeypatch):
     assert json.load(f)["overlap"] is True
 
 
-def test_overlap_refuses_a_mesh():
+def test_unsupported_settings_are_refused_before_anything_loads():
   config = _tiny_overlap_config(1)
-  config.mesh.data = 2
   with pytest.raises(ValueError, match="one device"):
     overlap.check_supported(config, type("Mesh", (), {"size": 2})())
+  config.top_p = 0.9
+  with pytest.raises(ValueError, match="untruncated sampling"):
+    grpo.validate(config)
+  config.top_p, config.policy_loss = 1.0, "gspo"
+  with pytest.raises(ValueError, match="per sequence"):
+    grpo.validate(config)
+  ppo_config = ppo_arithmetic.get_config("tiny")
+  ppo_config.overlap = True
+  with pytest.raises(ValueError, match="GRPO's"):
+    ppo.validate(ppo_config)

@@ -119,11 +119,13 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.max_consecutive_nonfinite = 5
 
   # Sample step t+1's rollout while step t's update runs, with the policy that update
-  # starts from (one step off-policy; jaxrl_agents/overlap.py). One process, one device.
+  # starts from (one step off-policy; jaxrl_agents/overlap.py). One process, one device;
+  # GRPO only; the train state keeps a second copy of the policy.
   c.overlap = False
   # Tokens drawn by another policy than the one updated (the overlap's, or a sampler whose
   # numerics differ): "none", "tis" (advantage x min(rho, cap)) or "mis" (tokens with rho
-  # outside [1/cap, cap] leave the loss); rho = pi / sampling policy (losses/off_policy.py).
+  # outside [1/cap, cap] leave the policy-gradient term); rho = pi / sampling policy
+  # (losses/off_policy.py). Needs top_p=1, top_k=0; not with gspo.
   c.off_policy = ml_collections.ConfigDict(dict(correction="none", cap=2.0))
 
   # Devices (jaxrl_agents/sharding.py): rows split over data x fsdp, weights and

@@ -15,7 +15,8 @@ corrects for it. Three choices (as in verl's rollout importance sampling and
   "tis"   truncated importance sampling: each token's advantage times
           min(rho_t, cap);
   "mis"   masked importance sampling: tokens with rho_t outside [1/cap, cap]
-          leave the loss (and its normalizer); the rest are weighted by rho_t.
+          leave the policy-gradient term (and its normalizer; a KL or entropy
+          term still counts them); the rest are weighted by rho_t.
 
 The weights are constants (no gradient flows through rho): they rescale the
 policy-gradient estimate, they are not part of the objective's derivative.
@@ -46,7 +47,7 @@ def behavior_weights(logp: jax.Array, behavior_logp: jax.Array, mask: jax.Array,
 
   Returns:
     (weights f32[B, T] to multiply the token advantages by (0 off the mask),
-     the new loss mask (bool[B, T]; "mis" drops tokens), metrics:
+     the policy-gradient term's mask (bool[B, T]; "mis" drops tokens), metrics:
      "behavior_kl" (k3 estimate of KL(mu || pi) per token), "is_weight_mean"
      (mean rho over the policy tokens), "is_corrected_frac" (tokens truncated by
      "tis" or dropped by "mis")).
