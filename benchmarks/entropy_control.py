@@ -47,6 +47,8 @@ VARIANTS: dict[str, tuple[dict[str, object], str]] = {
                  "log-prob/advantage covariance (KL-Cov/Clip-Cov)"),
     "gate_cosine": ({"token_control.name": "entropy_gate", "token_control.frac": 0.2,
                      "optimizer.decay": "cosine"}, "entropy_gate and lr_cosine together"),
+    "cov_cosine": ({"token_control.name": "covariance_clip", "token_control.frac": 0.02,
+                    "optimizer.decay": "cosine"}, "cov_clip and lr_cosine together"),
     "entropy_bonus": ({"entropy_coef": 0.005}, "entropy bonus 0.005"),
     "temperature_1": ({"temperature": 1.0}, "sampling temperature 1.0 instead of 0.8"),
     "kl_accuracy": ({"kl_coef": 0.05, "kl_controller.name": "accuracy"},

@@ -165,3 +165,18 @@ def test_unsupported_settings_are_refused_before_anything_loads():
   ppo_config.overlap = True
   with pytest.raises(ValueError, match="GRPO's"):
     ppo.validate(ppo_config)
+
+
+def test_a_failed_rollout_in_flight_fails_the_next_step(tmp_path, monkeypatch):
+  collect = overlap.Pipeline._timed_collect
+
+  def fail_at_step_2(self, params, examples, step):
+    if step == 2:
+      raise RuntimeError("reward server down")
+    return collect(self, params, examples, step)
+
+  monkeypatch.setattr(overlap.Pipeline, "_timed_collect", fail_at_step_2)
+  with pytest.raises(RuntimeError, match="reward server down"):
+    grpo.train(_tiny_overlap_config(3), str(tmp_path), progress=False)
+  records = metrics_lib.read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
+  assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]  # step 3 never ran
