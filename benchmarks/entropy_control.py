@@ -34,10 +34,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CONFIG = os.path.join(REPO, "experiments", "configs", "grpo_arithmetic.py")
 
-# name -> (config overrides, what it is). The main job already clips higher
-# (eps_high 0.28, DAPO) and has no KL and no entropy bonus.
+# Every variant starts from the main job as it was before this comparison chose its
+# controls: clip-higher (eps_high 0.28, DAPO), no token control, a constant learning
+# rate, no KL, no entropy bonus.
+BEFORE = {"token_control.name": "none", "token_control.frac": 0.0, "optimizer.decay": "constant"}
+
+# name -> (config overrides on top of BEFORE, what it is).
 VARIANTS: dict[str, tuple[dict[str, object], str]] = {
-    "baseline": ({}, "the main job as configured"),
+    "baseline": ({}, "the main job before this comparison"),
     "lr_cosine": ({"optimizer.decay": "cosine"},
                   "learning rate 2e-5 decayed to 0 over the 50 updates (cosine)"),
     "entropy_gate": ({"token_control.name": "entropy_gate", "token_control.frac": 0.2},
@@ -83,7 +87,7 @@ def finished(workdir: str) -> bool:
 
 
 def command(out: str, variant: str, seed: int) -> list[str]:
-  overrides, _ = VARIANTS[variant]
+  overrides = {**BEFORE, **VARIANTS[variant][0]}
   cmd = [sys.executable, "-m", "experiments.grpo", f"--config={CONFIG}",
          f"--workdir={run_dir(out, variant, seed)}", f"--config.seed={seed}",
          f"--config.steps={STEPS}", f"--config.eval_every={MIDPOINT}"]

@@ -48,6 +48,8 @@ def run_ours(workdir: str, steps: int, cache: str) -> dict:
            "group_size": GENERATIONS, "max_new_tokens": NEW_TOKENS, "temperature": 0.9,
            "kl_coef": BETA, "optimizer.learning_rate": LEARNING_RATE,
            "rewards": "{'last_integer': 1.0}", "grader": "last_integer",
+           # plain GRPO, as tunix runs it: not the main job's exploration controls
+           "token_control.name": "none", "optimizer.decay": "constant",
            "reward_time_limit_s": 0.0, "eval_every": 0, "eval_size": 2,
            "checkpoint_every": 10_000, "sample_every": 1, "samples_per_log": PROMPTS * GENERATIONS,
            "tensorboard": False}

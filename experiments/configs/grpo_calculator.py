@@ -25,7 +25,7 @@ from experiments.configs import env_common, grpo_arithmetic
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   return env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="calculator",
+      grpo_arithmetic.base_config(variant), variant, env="calculator",
       options=dict(digits=3, example=True, demonstrations=1),
       tiny_options=dict(digits=2, example=True, demonstrations=1), max_turns=3, tiny_max_turns=2,
       max_new_tokens=48, tiny_max_new_tokens=8)

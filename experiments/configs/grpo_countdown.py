@@ -16,7 +16,7 @@ from experiments.configs import grpo_arithmetic
 
 
 def get_config(variant: str | None = None):
-  c = grpo_arithmetic.get_config(variant)
+  c = grpo_arithmetic.base_config(variant)
   c.task = "countdown"
   c.prompt_template = ("{question} Show only the equation, for example <answer>(1 + 2) * 3"
                        "</answer>.")

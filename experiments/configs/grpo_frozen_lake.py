@@ -43,6 +43,6 @@ def set_frozen_lake(c: ml_collections.ConfigDict, variant: str | None
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = set_frozen_lake(grpo_arithmetic.get_config(variant), variant)
+  c = set_frozen_lake(grpo_arithmetic.base_config(variant), variant)
   c.turn_credit.name, c.turn_credit.gamma = "gigpo", 0.95
   return c

@@ -21,6 +21,6 @@ from experiments.configs import env_common, grpo_arithmetic
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Bisection needs ceil(log2(high - low + 2)) turns: 5 for 1-16, 3 for 1-4.
   return env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="guess_number",
+      grpo_arithmetic.base_config(variant), variant, env="guess_number",
       options=dict(low=1, high=16), tiny_options=dict(low=1, high=4), max_turns=5,
       tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=2)

@@ -42,7 +42,7 @@ from experiments.configs import grpo_arithmetic
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-  c = grpo_arithmetic.get_config(variant)
+  c = grpo_arithmetic.base_config(variant)
   c.task = "arithmetic/mixed"
   c.prompt_template = "{question}"
   c.rewards = ml_collections.ConfigDict({"last_integer": 1.0, "short_reply": 0.2})

@@ -22,7 +22,7 @@ from experiments.configs import env_common, grpo_arithmetic
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="search_qa",
+      grpo_arithmetic.base_config(variant), variant, env="search_qa",
       options=dict(knowledge_bases=8), tiny_options=dict(knowledge_bases=2), max_turns=4,
       tiny_max_turns=2, max_new_tokens=32, tiny_max_new_tokens=8)
   c.env_obs_tokens = 96  # two documents

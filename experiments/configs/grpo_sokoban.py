@@ -20,7 +20,7 @@ from experiments.configs import env_common, grpo_arithmetic
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="sokoban",
+      grpo_arithmetic.base_config(variant), variant, env="sokoban",
       options=dict(size=6, boxes=1, inner_walls=2), tiny_options=dict(size=5, boxes=1,
                                                                        inner_walls=1),
       max_turns=10, tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=5)

@@ -22,7 +22,7 @@ from experiments.configs import env_common, grpo_arithmetic
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="text_to_sql",
+      grpo_arithmetic.base_config(variant), variant, env="text_to_sql",
       options=dict(databases=8, reward="execution"),
       tiny_options=dict(databases=2, reward="execution"), max_turns=4, tiny_max_turns=2,
       max_new_tokens=64, tiny_max_new_tokens=8)

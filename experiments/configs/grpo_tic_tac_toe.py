@@ -23,7 +23,7 @@ from experiments.configs import env_common, grpo_arithmetic
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="tic_tac_toe",
+      grpo_arithmetic.base_config(variant), variant, env="tic_tac_toe",
       options=dict(opponent="random"), tiny_options=dict(opponent="random"), max_turns=7,
       tiny_max_turns=3, max_new_tokens=8, tiny_max_new_tokens=2)
   c.turn_credit.name, c.turn_credit.gamma = "gigpo", 0.95

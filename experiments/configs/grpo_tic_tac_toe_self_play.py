@@ -26,7 +26,7 @@ from experiments.configs import env_common, grpo_arithmetic
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = env_common.set_env(
-      grpo_arithmetic.get_config(variant), variant, env="tic_tac_toe_self_play", options={},
+      grpo_arithmetic.base_config(variant), variant, env="tic_tac_toe_self_play", options={},
       tiny_options={}, max_turns=9, tiny_max_turns=4, max_new_tokens=8, tiny_max_new_tokens=2)
   c.prompts_per_step = 2  # tasks are only seeds: all games start from the empty board
   c.share_prompt = False  # the prompt is the template's opening only: nothing to share

@@ -16,7 +16,7 @@ from experiments.configs import grpo_arithmetic
 
 
 def get_config(variant: str | None = None):
-  c = grpo_arithmetic.get_config(variant)
+  c = grpo_arithmetic.base_config(variant)
   del c.advantage, c.advantage_kwargs  # GAE with the critic replaces group baselines
   c.critic = "shared"  # or "separate": a copy of the initial backbone with its own head
   c.gamma = 1.0
