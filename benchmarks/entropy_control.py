@@ -146,7 +146,8 @@ def summarize_run(workdir: str) -> dict:
           "steps": int(run.train.index.max()) if len(run.train) else 0}
 
 
-def plot(out: str, runs: dict[str, str]) -> str:
+def plot(out: str, runs: dict[str, str], rows: dict[str, dict]) -> str:
+  """Entropy and held-out accuracy against step: a colour per variant, a line style per seed."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -154,21 +155,25 @@ def plot(out: str, runs: dict[str, str]) -> str:
 
   from jaxrl_agents import analysis
 
-  fig, (ax_h, ax_a) = plt.subplots(1, 2, figsize=(13, 4.5))
-  for i, (name, workdir) in enumerate(runs.items()):
+  fig, (ax_h, ax_a) = plt.subplots(1, 2, figsize=(14, 4.8))
+  variants = list(dict.fromkeys(r["variant"] for r in rows.values()))
+  styles = ("-", "--", ":", "-.")
+  for name, workdir in runs.items():
     run = analysis.load_run(workdir, name)
-    color = f"C{i % 10}"
+    color = f"C{variants.index(rows[name]['variant']) % 10}"
+    style = styles[rows[name]["seed"] % len(styles)]
     if "entropy" in run.train:
       ax_h.plot(run.train.index, analysis.smooth(run.train["entropy"], 0.5), color=color,
-                label=name)
+                linestyle=style, label=name)
     if "accuracy" in run.eval:
-      ax_a.plot(run.eval.index, run.eval["accuracy"], marker="o", color=color, label=name)
+      ax_a.plot(run.eval.index, run.eval["accuracy"], marker="o", color=color, linestyle=style,
+                label=name)
   ax_h.set_yscale("log")
   ax_h.set_xlabel("step")
   ax_h.set_ylabel("policy entropy (nats/token, smoothed)")
   ax_a.set_xlabel("step")
   ax_a.set_ylabel("held-out accuracy (100 questions)")
-  ax_a.legend(fontsize=7, loc="lower right")
+  ax_a.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
   fig.suptitle("Entropy controls on the main job (GRPO, arithmetic, SmolLM2-135M)")
   fig.tight_layout()
   path = os.path.join(out, "entropy_control.png")
@@ -214,7 +219,7 @@ def main() -> int:
           f"{_fmt(r['acc_mid'])} | {_fmt(r['acc_end'])} | {_fmt(r['entropy_start'], 3)} | "
           f"{_fmt(r['entropy_mid'], 3)} | {_fmt(r['entropy_end'], 3)} | "
           f"{_fmt(r['zero_variance_groups_late'])} |")
-  figure = plot(out, dirs) if dirs else None
+  figure = plot(out, dirs, rows) if dirs else None
   result = {"cpu": cpu_info.describe(), "runs": rows, "figure": figure}
   with open(os.path.join(out, "entropy_control.json"), "w") as f:
     json.dump(result, f, indent=1)
