@@ -65,6 +65,9 @@ VARIANTS: dict[str, tuple[dict[str, object], str]] = {
                     "overlapped, truncated importance sampling (cap 2)"),
 }
 
+# The variant whose settings the main job now uses: drawn in black.
+MAIN_JOB = "gate_cosine"
+
 STEPS = 50
 MIDPOINT = 25
 WINDOW = 5
@@ -160,7 +163,9 @@ def plot(out: str, runs: dict[str, str], rows: dict[str, dict]) -> str:
   styles = ("-", "--", ":", "-.")
   for name, workdir in runs.items():
     run = analysis.load_run(workdir, name)
-    color = f"C{variants.index(rows[name]['variant']) % 10}"
+    others = [v for v in variants if v != MAIN_JOB]
+    color = "black" if rows[name]["variant"] == MAIN_JOB else \
+        plt.cm.tab10(others.index(rows[name]["variant"]) % 10)
     style = styles[rows[name]["seed"] % len(styles)]
     if "entropy" in run.train:
       ax_h.plot(run.train.index, analysis.smooth(run.train["entropy"], 0.5), color=color,
