@@ -2,11 +2,11 @@
 
 GRPO and PPO (and any trainer of a policy on sampled tokens) share it:
 
-  loss = policy_loss(logp, old_logp, w * A, mask')        registered "policy_loss"
-       + beta * KL(pi || pi_ref)                          registered "kl" estimator, or "forward"
+  loss = policy_loss(logp, old_logp, w * A, mask')   registered "policy_loss"
+       + beta * KL(pi || pi_ref)                     registered "kl" estimator, or "forward"
        - entropy_coef * H(pi)
-  mask' = token_control(mask, less the tokens "mis" drops)  "covariance_clip" / "entropy_gate" / none
-  w = importance weights against the sampling policy       "tis" / "mis" / none (losses/off_policy.py)
+  mask' = token_control(mask less what "mis" drops)  "covariance_clip" / "entropy_gate" / none
+  w = weights against the sampling policy            "tis" / "mis" / none (losses/off_policy.py)
 
 `PolicyObjective` holds the hyperparameters as a frozen (hashable) dataclass,
 built from the config in the experiment, so nothing under jit reads a
@@ -27,8 +27,7 @@ import jax.numpy as jnp
 from jaxrl_agents import registry
 from jaxrl_agents.losses import entropy as entropy_lib
 from jaxrl_agents.losses import kl as kl_lib
-from jaxrl_agents.losses import off_policy
-from jaxrl_agents.losses import token_controls
+from jaxrl_agents.losses import off_policy, token_controls
 from jaxrl_agents.losses.aggregation import aggregate, masked_mean
 from jaxrl_agents.rollout import self_play
 

@@ -15,8 +15,8 @@ import pytest
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
 from jaxrl_agents import checkpointing, overlap
-from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.losses import off_policy
 
 LOGP = np.log(np.array([[0.5, 0.3, 0.9, 0.3]], np.float32))
