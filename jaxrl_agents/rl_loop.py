@@ -23,6 +23,7 @@ runs, one update behind the policy (`overlap.py`); the train state is then an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -290,56 +291,69 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
   """
 
   mesh = sharding.for_config(config)
-  overlapped = bool(config.get("overlap", False))
-  if overlapped:
-    overlap.check_supported(config, mesh)
-
-  def update_step(state, r: Rollout, extra: Mapping[str, float], prepare_rng, update_rng,
-                  progress_fraction, rollout_s: float, wait_s: float) -> harness.StepResult:
-    t1 = time.perf_counter()
-    # Rows split over the mesh's data x fsdp devices (no-op on one device); what the
-    # batch carries that is not per row (a baseline's state) stays as it is.
-    rows = r.traj.tokens.shape[0]
-    r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
-    batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh, rows=rows)
-    state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
-    update_metrics = jax.device_get(update_metrics)
-    t2 = time.perf_counter()
-    generated = int(distributed.to_host(r.traj.policy_mask).sum())
-    attended = int(distributed.to_host(r.traj.valid).sum())
-    record = {
-        **rollout_metrics(r, config.group_size, objective_lib.policy_token_budget(config)),
-        **extra,
-        **{k: float(v) for k, v in update_metrics.items()},
-        "skipped_updates": algorithm.nonfinite_count(state)[1],
-        "rollout_time_s": rollout_s, "update_time_s": t2 - t1,
-        "rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
-        "update_tokens_per_s": attended * config.get("epochs", 1) / max(t2 - t1, 1e-9),
-    }
-    if overlapped:  # the rollout ran during the previous update: the step waited this long
-      record["rollout_wait_s"] = wait_s
-    return harness.StepResult(state, record, rollout_samples(r))
-
-  def train_step(state, rng, progress_fraction):
-    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
-    t0 = time.perf_counter()
-    r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
-    rollout_s = time.perf_counter() - t0
-    return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction, rollout_s,
-                       rollout_s)
+  update_step = functools.partial(_update_step, config, algorithm, mesh)
 
   def init_state():
     return algorithm.init_state(model.params,
                                 jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
 
-  if not overlapped:
-    run_eval = None if evaluate is None else (
-        lambda state: evaluate(algorithm.policy_params(state)))
-    return harness.run(
-        config, workdir, init_state=init_state, train_step=train_step, evaluate=run_eval,
-        data=train_data, nonfinite_count=algorithm.nonfinite_count,
-        postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",), progress=progress)
+  if config.get("overlap", False):
+    overlap.check_supported(config, mesh)
+    return _run_overlapped(config, workdir, algorithm, model, train_data, collect, evaluate,
+                           progress, init_state, update_step)
 
+  def train_step(state, rng, progress_fraction):
+    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
+    t0 = time.perf_counter()
+    r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
+    return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction,
+                       time.perf_counter() - t0)
+
+  run_eval = None if evaluate is None else (
+      lambda state: evaluate(algorithm.policy_params(state)))
+  return harness.run(
+      config, workdir, init_state=init_state, train_step=train_step, evaluate=run_eval,
+      data=train_data, nonfinite_count=algorithm.nonfinite_count, progress=progress,
+      **_LOGGED)
+
+
+# What the progress bar shows, and what stops a run when it is not finite.
+_LOGGED = dict(postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",))
+
+
+def _update_step(config, algorithm: Algorithm, mesh, state, r: Rollout,
+                 extra: Mapping[str, float], prepare_rng, update_rng, progress_fraction,
+                 rollout_s: float, wait_s: float | None = None) -> harness.StepResult:
+  """A sampled rollout's update and the step's record (`wait_s`: an overlapped step's wait
+  for its rollout)."""
+  t1 = time.perf_counter()
+  # Rows split over the mesh's data x fsdp devices (no-op on one device); what the
+  # batch carries that is not per row (a baseline's state) stays as it is.
+  rows = r.traj.tokens.shape[0]
+  r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
+  batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh, rows=rows)
+  state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
+  update_metrics = jax.device_get(update_metrics)
+  t2 = time.perf_counter()
+  generated = int(distributed.to_host(r.traj.policy_mask).sum())
+  attended = int(distributed.to_host(r.traj.valid).sum())
+  record = {
+      **rollout_metrics(r, config.group_size, objective_lib.policy_token_budget(config)),
+      **extra,
+      **{k: float(v) for k, v in update_metrics.items()},
+      "skipped_updates": algorithm.nonfinite_count(state)[1],
+      "rollout_time_s": rollout_s, "update_time_s": t2 - t1,
+      "rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
+      "update_tokens_per_s": attended * config.get("epochs", 1) / max(t2 - t1, 1e-9),
+  }
+  if wait_s is not None:  # the rollout ran during the previous update: the step waited this long
+    record["rollout_wait_s"] = wait_s
+  return harness.StepResult(state, record, rollout_samples(r))
+
+
+def _run_overlapped(config, workdir: str, algorithm: Algorithm, model: zoo.Model, train_data,
+                    collect: Collect, evaluate, progress: bool, init_state, update_step) -> dict:
+  """`run` with the next step's rollout sampled during this step's update (`overlap.py`)."""
   data = overlap.Lookahead(train_data)
   pipeline = overlap.Pipeline(collect, data, config.seed)
 
@@ -369,8 +383,7 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
           step=jnp.zeros((), jnp.int32)),
       train_step=overlapped_step, evaluate=None if evaluate is None else overlapped_eval,
       data=data, nonfinite_count=lambda state: algorithm.nonfinite_count(state.train),
-      postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",), progress=progress,
-      on_exit=pipeline.close)
+      progress=progress, on_exit=pipeline.close, **_LOGGED)
 
 
 def rollout_samples(r: Rollout) -> list[dict]:
