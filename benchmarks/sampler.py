@@ -270,13 +270,13 @@ def main():
         if key in result["tok_s"][other]:
           result.setdefault(f"ratio_vs_{other}", {})[key] = ours[key] / result["tok_s"][other][key]
   best_dtype = lambda system, bs: max(result["tok_s"][system].get(f"{d}_bs{bs}", 0) for d in dtypes)
-  if "tunix" in result["tok_s"]:
-    result["ratio_vs_tunix_bs1"] = result["ratio_vs_tunix"].get("float32_bs1")
-    result["ratio_vs_tunix_bs32"] = result["ratio_vs_tunix"].get("float32_bs32")
-    result["ratio_vs_tunix_bs32_best_dtype"] = best_dtype("ours", 32) / best_dtype("tunix", 32)
-  if "hf" in result["tok_s"]:
-    result["ratio_vs_hf_bs32"] = result["ratio_vs_hf"].get("float32_bs32")
-    result["ratio_vs_hf_bs32_best_dtype"] = best_dtype("ours", 32) / best_dtype("hf", 32)
+  for other in ("tunix", "hf"):
+    if other not in result["tok_s"]:
+      continue
+    for bs in (1, 32):
+      result[f"ratio_vs_{other}_bs{bs}"] = result[f"ratio_vs_{other}"].get(f"float32_bs{bs}")
+    if 32 in batch_sizes:  # a batch size not run has no best dtype
+      result[f"ratio_vs_{other}_bs32_best_dtype"] = best_dtype("ours", 32) / best_dtype(other, 32)
   result["compile_s"]["ours_max"] = max(result["compile_s"]["ours"].values())
   print(json.dumps(result))
 

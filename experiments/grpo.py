@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from experiments import common
-from jaxrl_agents import credit, registry, rl_loop, types
+from jaxrl_agents import credit, precompile, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import kl as kl_lib
@@ -389,8 +389,9 @@ class GRPO:
     self._score = jax.jit(functools.partial(scoring.policy_logprobs, cfg=model_cfg,
                                             temperature=s.objective.temperature,
                                             group_size=s.prompt_group))
-    self._update = jax.jit(functools.partial(grpo_update, optimizer=self.optimizer,
-                                             cfg=model_cfg, s=s), donate_argnums=0)
+    self._update = precompile.Precompiled(jax.jit(functools.partial(
+        grpo_update, optimizer=self.optimizer, cfg=model_cfg, s=s), donate_argnums=0),
+        "grpo_update")
 
   def init_state(self, params, rng):
     del rng
@@ -426,6 +427,20 @@ class GRPO:
 
   def update(self, state, batch, rng, progress):
     return self._update(state, batch, rng, jnp.float32(progress))
+
+  def precompile(self, state, traj: types.Trajectory, rng) -> None:
+    """Starts compiling `update` for a batch of `traj`'s shapes
+    (`jax.ShapeDtypeStruct`s), in the background (`rl_loop.Algorithm`)."""
+    s = self.settings
+    if s.advantage == ROLE_ADVANTAGE:
+      return  # its batch carries role baselines whose shapes depend on the episodes
+    # The update only: the scoring's compile (a forward pass, a few seconds) runs on the
+    # main thread while the update's (forward and backward) is still going.
+    b, t = traj.tokens.shape
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
+                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
+    self._update.start(state, batch, rng, f32())
 
 
 def validate(config) -> None:

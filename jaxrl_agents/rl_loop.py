@@ -205,6 +205,11 @@ class Algorithm(Protocol):
       state; progress in [0, 1] is how far the run is (training time over the time budget
       when there is one, else steps over config.steps), for a learning-rate decay on that clock
   nonfinite_count(state) -> consecutive skipped (non-finite) updates so far
+
+  Optional: precompile(state, traj, rng) starts compiling `prepare`'s and
+  `update`'s programs, in the background, for a rollout of `traj`'s shapes
+  (`jax.ShapeDtypeStruct`s); `run` calls it before a process's first rollout
+  when the collector can predict its shapes (`Collect.likely_trajectory`).
   """
 
   def init_state(self, params, rng): ...
@@ -215,7 +220,11 @@ class Algorithm(Protocol):
 
 
 class Collect(Protocol):
-  """A train step's episodes: (params, the data's next batch, rng) -> (Rollout, extra scalars)."""
+  """A train step's episodes: (params, the data's next batch, rng) -> (Rollout, extra scalars).
+
+  Optional attribute: likely_trajectory(examples) -> the Trajectory's most likely shapes
+  (`jax.ShapeDtypeStruct`s) before sampling, for `Algorithm.precompile`.
+  """
 
   def __call__(self, params, examples: Any, rng: jax.Array
                ) -> tuple[Rollout, dict[str, float]]: ...
@@ -262,6 +271,10 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
                      config.group_size)
     return r, {"reward_timeouts": reward_timeouts}
 
+  collect.likely_trajectory = functools.partial(
+      single_turn.likely_trajectory, model, group_size=config.group_size, sampling=sampling,
+      **prompt_kwargs)
+
   def run_eval(params):
     return evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
                     max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
@@ -302,10 +315,16 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     return _run_overlapped(config, workdir, algorithm, model, train_data, collect, evaluate,
                            progress, init_state, update_step)
 
+  precompiled = []  # once per process: later steps reuse what the first one compiled
+
   def train_step(state, rng, progress_fraction):
     rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
     t0 = time.perf_counter()
-    r, extra = collect(algorithm.policy_params(state), next(train_data), rollout_rng)
+    examples = next(train_data)
+    if not precompiled:
+      precompiled.append(_start_precompile(algorithm, collect, mesh, state, examples,
+                                           update_rng))
+    r, extra = collect(algorithm.policy_params(state), examples, rollout_rng)
     return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction,
                        time.perf_counter() - t0)
 
@@ -315,6 +334,19 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
       config, workdir, init_state=init_state, train_step=train_step, evaluate=run_eval,
       data=train_data, nonfinite_count=algorithm.nonfinite_count, progress=progress,
       **_LOGGED)
+
+
+def _start_precompile(algorithm: Algorithm, collect: Collect, mesh, state, examples,
+                      rng) -> bool:
+  """Starts compiling the update for the rollout's likely shapes while it samples
+  (`precompile.py`); False when the collector cannot predict them, the algorithm has
+  nothing to compile ahead, or the run is on a mesh (a compiled program's placement is
+  fixed)."""
+  hint = getattr(collect, "likely_trajectory", None)
+  if hint is None or not hasattr(algorithm, "precompile") or mesh is not None:
+    return False
+  algorithm.precompile(state, hint(examples), rng)
+  return True
 
 
 # What the progress bar shows, and what stops a run when it is not finite.

@@ -178,6 +178,24 @@ def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) ->
   return min(max_new_tokens, shapes.power_of_two(int(np.max(lengths)), minimum=minimum))
 
 
+def likely_trajectory(model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
+                      group_size: int, sampling: sampler_lib.SamplingConfig, template: str,
+                      chat: bool, system: str | None, overflow: str = "error"
+                      ) -> types.Trajectory:
+  """The shapes (`jax.ShapeDtypeStruct`s) `sample`'s trajectory will most likely have, before
+  sampling: the prompts' width, and the whole reply budget (an untrained policy's longest
+  reply in a group usually reaches it). What the update can compile for ahead of time
+  (`precompile.py`)."""
+  tokens, _, _ = encode_examples(model.tokenizer, examples, template, chat=chat, system=system,
+                                 limit=context_limit(model, sampling.max_new_tokens),
+                                 overflow=overflow)
+  rows, n = len(examples) * group_size, sampling.max_new_tokens
+  spec = lambda width, dtype: jax.ShapeDtypeStruct((rows, width), dtype)
+  return jax.eval_shape(types.single_turn, spec(tokens.shape[1], jnp.int32),
+                        spec(tokens.shape[1], jnp.bool_), spec(n, jnp.int32),
+                        spec(n, jnp.bool_), spec(n, jnp.float32))
+
+
 def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
            group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
            system: str | None, overflow: str = "error") -> Samples:

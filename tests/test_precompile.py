@@ -1,0 +1,93 @@
+"""Ahead-of-time compiles in the background (jaxrl_agents/precompile.py): the compiled program
+answers calls of its shapes with the jitted function's results, other shapes and failed
+compiles fall back to the jitted function, donation holds, and a GRPO run whose first update
+was compiled during its first rollout logs what a run without it logs."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import grpo
+from experiments.configs import grpo_arithmetic
+from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import precompile, rl_loop
+
+
+def _affine(params, x, scale):
+  return params["w"] @ x * scale + params["b"]
+
+
+def test_a_started_compile_answers_its_shapes_and_only_those():
+  jitted = jax.jit(_affine)
+  f = precompile.Precompiled(jax.jit(_affine), "affine")
+  params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(2)}
+  f.start(params, jax.ShapeDtypeStruct((3,), jnp.float32),
+          jax.ShapeDtypeStruct((), jnp.float32))
+  f.wait()
+  x = jnp.array([1.0, -2.0, 0.5])
+  np.testing.assert_array_equal(f(params, x, jnp.float32(2.0)),
+                                jitted(params, x, jnp.float32(2.0)))
+  assert f.hits == 1
+  # Another shape, or a weakly typed scalar where the compile saw a float32 one: the jitted
+  # function, same results.
+  x4 = jnp.ones(4)
+  with pytest.raises(TypeError):  # the jitted function's own error for a bad shape
+    f(params, x4, jnp.float32(2.0))
+  np.testing.assert_array_equal(f(params, x, 2.0), jitted(params, x, 2.0))
+  assert f.hits == 1
+
+
+def test_the_compiled_program_donates_what_the_jitted_function_donates():
+  f = precompile.Precompiled(jax.jit(lambda x: x * 2, donate_argnums=0), "double")
+  f.start(jax.ShapeDtypeStruct((8,), jnp.float32))
+  x = jnp.arange(8.0)
+  np.testing.assert_array_equal(f(x), np.arange(8.0) * 2)
+  assert f.hits == 1 and x.is_deleted()
+
+
+def test_a_failed_compile_falls_back_and_its_error_is_not_swallowed(caplog):
+  def picky(x):
+    if x.shape[0] == 3:
+      raise ValueError("three rows are refused")
+    return x + 1
+
+  f = precompile.Precompiled(jax.jit(picky), "picky")
+  f.start(jax.ShapeDtypeStruct((3,), jnp.float32))
+  with pytest.raises(ValueError, match="three rows"):
+    f(jnp.ones(3))
+  assert "ahead-of-time compile of picky failed" in caplog.text
+  np.testing.assert_array_equal(f(jnp.ones(2)), [2.0, 2.0])
+  assert f.hits == 0
+
+
+def _untimed(workdir):
+  timing = {"rollout_time_s", "update_time_s", "step_time_s", "rollout_tokens_per_s",
+            "update_tokens_per_s", "compile_time_s", "eval_time_s", "train_time_s"}
+  return [{k: v for k, v in r.items() if k not in timing}
+          for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def test_a_run_with_its_first_update_precompiled_logs_what_one_without_logs(
+    tmp_path, monkeypatch):
+  instances = []
+  init = precompile.Precompiled.__init__
+
+  def recorded(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    instances.append(self)
+
+  monkeypatch.setattr(precompile.Precompiled, "__init__", recorded)
+  config = grpo_arithmetic.get_config("tiny")
+  config.eval_every = 0
+  grpo.train(config, str(tmp_path / "ahead"), progress=False)
+  (update,) = instances
+  # The tiny random model's replies run to the budget, as `likely_trajectory` predicts:
+  # every update ran the program compiled during the first rollout.
+  assert update.hits == config.steps
+  monkeypatch.setattr(rl_loop, "_start_precompile", lambda *args: False)
+  grpo.train(config, str(tmp_path / "on_call"), progress=False)
+  assert instances[1].hits == 0
+  assert _untimed(tmp_path / "ahead") == _untimed(tmp_path / "on_call")
