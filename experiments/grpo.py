@@ -435,8 +435,10 @@ class GRPO:
     if s.advantage == ROLE_ADVANTAGE:
       return  # its batch carries role baselines whose shapes depend on the episodes
     # The update only: the scoring's compile (a forward pass, a few seconds) runs on the
-    # main thread while the update's (forward and backward) is still going.
-    b, t = traj.tokens.shape
+    # main thread while the update's (forward and backward) is still going. The update
+    # trains on prompts_per_step of the sampled groups (fewer with oversampling).
+    b, t = s.prompts_per_step * s.group_size, traj.tokens.shape[1]
+    traj = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype), traj)
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))

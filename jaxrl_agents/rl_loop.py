@@ -206,10 +206,10 @@ class Algorithm(Protocol):
       when there is one, else steps over config.steps), for a learning-rate decay on that clock
   nonfinite_count(state) -> consecutive skipped (non-finite) updates so far
 
-  Optional: precompile(state, traj, rng) starts compiling `prepare`'s and
-  `update`'s programs, in the background, for a rollout of `traj`'s shapes
-  (`jax.ShapeDtypeStruct`s); `run` calls it before a process's first rollout
-  when the collector can predict its shapes (`Collect.likely_trajectory`).
+  Optional: precompile(state, traj, rng) starts compiling the update (or any
+  other program of the step) in the background, for a rollout of `traj`'s
+  shapes (`jax.ShapeDtypeStruct`s); `run` calls it before a process's first
+  rollout when the collector can predict its shapes (`Collect.likely_trajectory`).
   """
 
   def init_state(self, params, rng): ...

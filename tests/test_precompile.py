@@ -81,7 +81,8 @@ def test_a_run_with_its_first_update_precompiled_logs_what_one_without_logs(
 
   monkeypatch.setattr(precompile.Precompiled, "__init__", recorded)
   config = grpo_arithmetic.get_config("tiny")
-  config.eval_every = 0
+  # Groups sampled: twice those trained on (the prediction is of the update's batch).
+  config.eval_every, config.oversample = 0, 2
   grpo.train(config, str(tmp_path / "ahead"), progress=False)
   (update,) = instances
   # The tiny random model's replies run to the budget, as `likely_trajectory` predicts:
