@@ -93,7 +93,11 @@ def command(out: str, variant: str, seed: int) -> list[str]:
   overrides = {**BEFORE, **VARIANTS[variant][0]}
   cmd = [sys.executable, "-m", "experiments.grpo", f"--config={CONFIG}",
          f"--workdir={run_dir(out, variant, seed)}", f"--config.seed={seed}",
-         f"--config.steps={STEPS}", f"--config.eval_every={MIDPOINT}"]
+         f"--config.steps={STEPS}", f"--config.eval_every={MIDPOINT}",
+         # A resume needs the newest checkpoint only. Each holds the policy and AdamW's
+         # moments (about 1.5 GB for the main job), and a sweep runs a dozen jobs: with the
+         # default three apiece one sweep filled 57 GB.
+         "--config.keep_checkpoints=1"]
   return cmd + [f"--config.{key}={value}" for key, value in overrides.items()]
 
 
