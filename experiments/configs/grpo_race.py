@@ -29,6 +29,12 @@ The runs above are on an AVX2-only machine. This config on an AVX-512/AMX
 machine of the same kind, in one race invocation (2026-11-24): 0.26 .61 .72
 .70 .75 .75 .76 in 252 steps, TRL 0.26 .54 .67 .70 .72 .75 .70 in 318 steps.
 
+The main job's entropy gate (gradient through the 20% highest-entropy tokens)
+added to this config, one race invocation on an AVX-512 machine without AMX
+(2026-11-26): 0.26 .57 .48 .71 .74 .74 .75 in 190 steps, TRL 0.26 .46 .62
+.64 .69 .75 .75 (speedup to TRL's final 1.0). The replies stayed at the
+48-token budget for the first 20 steps, so the gate is not used here.
+
 Temperature 1.0 at rate 2e-5 diverged within 5 steps (entropy 1.3 -> 3.1
 nats, sampled accuracy 0-0.12). With a constant rate the entropy collapses
 below 0.1 nats per token after ~15 minutes and held-out accuracy drifts down
