@@ -315,15 +315,16 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     return _run_overlapped(config, workdir, algorithm, model, train_data, collect, evaluate,
                            progress, init_state, update_step)
 
-  precompiled = []  # once per process: later steps reuse what the first one compiled
+  precompile_started = False  # once per process: later steps reuse what it compiled
 
   def train_step(state, rng, progress_fraction):
+    nonlocal precompile_started
     rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
     t0 = time.perf_counter()
     examples = next(train_data)
-    if not precompiled:
-      precompiled.append(_start_precompile(algorithm, collect, mesh, state, examples,
-                                           update_rng))
+    if not precompile_started:
+      precompile_started = True
+      _start_precompile(algorithm, collect, mesh, state, examples, update_rng)
     r, extra = collect(algorithm.policy_params(state), examples, rollout_rng)
     return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction,
                        time.perf_counter() - t0)
@@ -337,16 +338,14 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
 
 
 def _start_precompile(algorithm: Algorithm, collect: Collect, mesh, state, examples,
-                      rng) -> bool:
+                      rng) -> None:
   """Starts compiling the update for the rollout's likely shapes while it samples
-  (`precompile.py`); False when the collector cannot predict them, the algorithm has
+  (`precompile.py`). Nothing when the collector cannot predict them, the algorithm has
   nothing to compile ahead, or the run is on a mesh (a compiled program's placement is
   fixed)."""
   hint = getattr(collect, "likely_trajectory", None)
-  if hint is None or not hasattr(algorithm, "precompile") or mesh is not None:
-    return False
-  algorithm.precompile(state, hint(examples), rng)
-  return True
+  if hint is not None and hasattr(algorithm, "precompile") and mesh is None:
+    algorithm.precompile(state, hint(examples), rng)
 
 
 # What the progress bar shows, and what stops a run when it is not finite.

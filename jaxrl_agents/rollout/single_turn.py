@@ -178,6 +178,13 @@ def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) ->
   return min(max_new_tokens, shapes.power_of_two(int(np.max(lengths)), minimum=minimum))
 
 
+def _encode_for_sampling(model: zoo.Model, examples, sampling: sampler_lib.SamplingConfig,
+                         template: str, chat: bool, system: str | None, overflow: str):
+  """`encode_examples` with the prompts fitted to leave room for the reply budget."""
+  return encode_examples(model.tokenizer, examples, template, chat=chat, system=system,
+                         limit=context_limit(model, sampling.max_new_tokens), overflow=overflow)
+
+
 def likely_trajectory(model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
                       group_size: int, sampling: sampler_lib.SamplingConfig, template: str,
                       chat: bool, system: str | None, overflow: str = "error"
@@ -186,9 +193,8 @@ def likely_trajectory(model: zoo.Model, examples: Sequence[Mapping[str, Any]], *
   sampling: the prompts' width, and the whole reply budget (an untrained policy's longest
   reply in a group usually reaches it). What the update can compile for ahead of time
   (`precompile.py`)."""
-  tokens, _, _ = encode_examples(model.tokenizer, examples, template, chat=chat, system=system,
-                                 limit=context_limit(model, sampling.max_new_tokens),
-                                 overflow=overflow)
+  tokens, _, _ = _encode_for_sampling(model, examples, sampling, template, chat, system,
+                                      overflow)
   rows, n = len(examples) * group_size, sampling.max_new_tokens
   spec = lambda width, dtype: jax.ShapeDtypeStruct((rows, width), dtype)
   return jax.eval_shape(types.single_turn, spec(tokens.shape[1], jnp.int32),
@@ -205,9 +211,8 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
   Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW).
   """
   unique_prompts = format_prompts(examples, template)
-  unique_tokens, unique_mask, truncated = encode_examples(
-      model.tokenizer, examples, template, chat=chat, system=system,
-      limit=context_limit(model, sampling.max_new_tokens), overflow=overflow)
+  unique_tokens, unique_mask, truncated = _encode_for_sampling(
+      model, examples, sampling, template, chat, system, overflow)
   prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
                                                     model.tokenizer.pad_token_id)
   # On a mesh the prompts' rows split over data x fsdp like the params' batch (each
