@@ -172,6 +172,10 @@ def make_rewards(config):
   combinator = spec.name if spec else "sum"
   learned_spec = {k: v for k, v in config.rewards.items() if learned_rewards.is_learned(k)}
   verifiable_spec = {k: v for k, v in config.rewards.items() if k not in learned_spec}
+  if trains_reward_model(config) and "reward_model" in learned_spec:
+    # GRPO scores it with the train state's copy (experiments/reward_beside.py).
+    options = learned_spec.pop("reward_model")
+    learned_rewards.check_workdir(options.get("workdir", "") if hasattr(options, "items") else "")
   if learned_spec and combinator != "sum":
     raise ValueError(f"a learned reward ({sorted(learned_spec)}) adds to the weighted sum; "
                      f"reward_combinator {combinator!r} needs rewards in [0, 1]: use 'sum'")
@@ -186,7 +190,8 @@ def make_rewards(config):
     grade = time_limit.TimeLimited(grade, limit)
   learned = rewards_lib.from_config(learned_spec) if learned_spec else None
   if not verifiable_spec:
-    return learned, lambda completions, examples: np.asarray(grade(completions, examples))
+    return (learned or no_rewards,
+            lambda completions, examples: np.asarray(grade(completions, examples)))
   weighted = rewards_lib.from_config(verifiable_spec)  # options bound, names checked
   parts = list(weighted.components)
   weights = reward_weights(config)
@@ -208,6 +213,20 @@ def make_rewards(config):
   if learned is not None:
     reward_fn = rewards_lib.SumOfRewards(reward_fn, learned)
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
+
+
+def trains_reward_model(config) -> bool:
+  """Whether the run trains its "reward_model" reward beside the policy
+  (config.reward_model_beside, `experiments/reward_beside.py`)."""
+  beside = config.get("reward_model_beside", None)
+  return bool(beside) and beside.pairs_per_step > 0
+
+
+def no_rewards(completions, examples=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """Zero reward and no components: the collector's share when the only reward is a reward
+  model trained beside the policy (the algorithm adds its scores)."""
+  del examples
+  return np.zeros(len(completions), np.float32), {}
 
 
 def rollout_prompts(config) -> int:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import common
+from experiments import common, reward_beside
 from jaxrl_agents import credit, precompile, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
@@ -50,6 +50,8 @@ class GRPOState(NamedTuple):
   kl_ctl: kl_control.KLControllerState | None  # the KL coefficient; None without a KL term
   # Self-play's per-role return baselines (advantage "rae"); None otherwise.
   role_baseline: credit.RoleBaselineState | None = None
+  # The reward model trained beside the policy (config.reward_model_beside); None otherwise.
+  reward_model: Any = None
 
 
 class GRPOBatch(NamedTuple):
@@ -60,6 +62,9 @@ class GRPOBatch(NamedTuple):
   correct: jax.Array  # f32[B] the grader's verdicts (an accuracy-conditioned KL reads them)
   # Advantage "rae": the role baselines after this batch's returns (the update stores them).
   role_baseline: credit.RoleBaselineState | None = None
+  # The reward model's labelled pairs of this step's replies (reward_beside.RewardModelBeside
+  # .batch), or None: it trains on them after the policy's update.
+  reward_pairs: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,6 +397,8 @@ class GRPO:
     self._update = precompile.Precompiled(jax.jit(functools.partial(
         grpo_update, optimizer=self.optimizer, cfg=model_cfg, s=s), donate_argnums=0),
         "grpo_update")
+    self.beside = (reward_beside.RewardModelBeside(config) if reward_beside.enabled(config)
+                   else None)
 
   def init_state(self, params, rng):
     del rng
@@ -401,7 +408,8 @@ class GRPO:
                      updates=jnp.zeros((), jnp.int32),
                      kl_ctl=make_kl_controller(self.settings).init() if kl_on else None,
                      role_baseline=(role_baseline(self.settings).init()
-                                    if self.settings.advantage == ROLE_ADVANTAGE else None))
+                                    if self.settings.advantage == ROLE_ADVANTAGE else None),
+                     reward_model=self.beside.init_state() if self.beside else None)
 
   def policy_params(self, state):
     return state.params
@@ -409,9 +417,26 @@ class GRPO:
   def nonfinite_count(self, state) -> tuple[int, int]:
     return optim_lib.nonfinite_count(state)
 
+  def score_rollout(self, state, r: rl_loop.Rollout, rng
+                    ) -> tuple[rl_loop.Rollout, dict[str, float]]:
+    """The rollout with the train state's reward model's scores added to its rewards, and
+    what this step's pairs say of that model (nothing without config.reward_model_beside)."""
+    if self.beside is None:
+      return r, {}
+    scores = self.beside.score(state.reward_model, r.examples, r.completions)
+    total = r.rewards + self.beside.weight * scores
+    r = dataclasses.replace(r, traj=types.with_outcome(r.traj, total), rewards=total,
+                            components={**r.components, reward_beside.NAME: scores})
+    pairs = self.beside.pairs(r.completions, r.correct, _seed(rng))
+    return r, reward_beside.fresh_metrics(scores, pairs)
+
   def prepare(self, state, r: rl_loop.Rollout, rng) -> GRPOBatch:
-    del rng
     s = self.settings
+    reward_pairs = None
+    if self.beside is not None:  # the pairs score_rollout measured, drawn with the same seed
+      pairs = self.beside.pairs(r.completions, r.correct, _seed(rng))
+      if len(pairs.chosen):
+        reward_pairs = self.beside.batch(r.examples, r.completions, pairs)
     baseline = None
     if s.advantage == ROLE_ADVANTAGE:
       traj, correct = r.traj, np.asarray(r.correct, np.float32)
@@ -423,10 +448,22 @@ class GRPO:
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
-                     correct=jnp.asarray(correct), role_baseline=baseline)
+                     correct=jnp.asarray(correct), role_baseline=baseline,
+                     reward_pairs=reward_pairs)
 
   def update(self, state, batch, rng, progress):
-    return self._update(state, batch, rng, jnp.float32(progress))
+    if self.beside is None:
+      return self._update(state, batch, rng, jnp.float32(progress))
+    # The policy's update and the reward model's step are separate programs: the
+    # policy's is compiled ahead (precompile) and never sees the reward model.
+    reward_state, pairs = state.reward_model, batch.reward_pairs
+    state, metrics = self._update(state._replace(reward_model=None),
+                                  batch._replace(reward_pairs=None), rng, jnp.float32(progress))
+    if pairs is not None:
+      reward_state, reward_metrics = self.beside.update(
+          reward_state, pairs, jax.random.fold_in(rng, 1), progress)
+      metrics = {**metrics, **reward_metrics}
+    return state._replace(reward_model=reward_state), metrics
 
   def precompile(self, state, traj: types.Trajectory, rng) -> None:
     """Starts compiling `update` for a batch of `traj`'s shapes
@@ -442,12 +479,18 @@ class GRPO:
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
-    self._update.start(state, batch, rng, f32())
+    self._update.start(state._replace(reward_model=None), batch, rng, f32())
+
+
+def _seed(rng) -> int:
+  """A Python int seed from a step's key (the reward model's pair draw)."""
+  return int(jax.random.randint(rng, (), 0, 2**31 - 1))
 
 
 def validate(config) -> None:
   """Fails on unknown names or inconsistent sizes before anything loads or compiles."""
   common.validate_common(config)
+  reward_beside.validate(config)
   group, component = registry.names("group_advantage"), registry.names("component_advantage")
   if config.advantage == ROLE_ADVANTAGE:
     _validate_role_advantage(config)

@@ -227,6 +227,9 @@ class PPO:
 
 def validate(config) -> None:
   common.validate_common(config)
+  if common.trains_reward_model(config):
+    raise ValueError("reward_model_beside trains the reward model inside GRPO's train state; "
+                     "PPO does not: set reward_model_beside.pairs_per_step=0")
   if config.kl_coef:
     registry.get("kl", config.kl_estimator)
   settings_from_config(config)  # names, per-loss hyperparameters, critic

@@ -240,3 +240,17 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
     raise FileNotFoundError(f"no readable checkpoint in {ckpt.directory}")
   finally:
     ckpt.close()
+
+
+def plain_state(workdir: str, step: int) -> Any:
+  """Checkpoint `step`'s train state as plain arrays (nested dicts and lists), read without
+  the experiment's code: for notebooks and checks of what a run saved."""
+  ckpt = Checkpointer(workdir)
+  try:
+    if step not in ckpt.steps():
+      raise FileNotFoundError(f"no checkpoint of step {step} in {ckpt.directory} (it has "
+                              f"{ckpt.steps()})")
+    return ckpt._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore()))["state"]
+  finally:
+    ckpt.close()

@@ -210,6 +210,9 @@ class Algorithm(Protocol):
   other program of the step) in the background, for a rollout of `traj`'s
   shapes (`jax.ShapeDtypeStruct`s); `run` calls it before a process's first
   rollout when the collector can predict its shapes (`Collect.likely_trajectory`).
+  score_rollout(state, rollout, rng) -> (rollout, metrics) rescores a sampled rollout
+  with what the train state holds (a reward model trained beside the policy) before
+  `prepare` gets it, with the same rng.
   """
 
   def init_state(self, params, rng): ...
@@ -362,6 +365,9 @@ def _update_step(config, algorithm: Algorithm, mesh, state, r: Rollout,
   # batch carries that is not per row (a baseline's state) stays as it is.
   rows = r.traj.tokens.shape[0]
   r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
+  if hasattr(algorithm, "score_rollout"):  # a reward that lives in the train state
+    r, scored = algorithm.score_rollout(state, r, prepare_rng)
+    extra = {**extra, **scored}
   batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh, rows=rows)
   state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
   update_metrics = jax.device_get(update_metrics)

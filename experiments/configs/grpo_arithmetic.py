@@ -83,6 +83,12 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # "par" (Preference As Reward): the training reward becomes mean_m sigmoid(r - r_m) over
   # `references` replies of the initial policy to the same prompt (sampled each step).
   c.reward_shaping = ml_collections.ConfigDict(dict(name="none", references=2))
+  # Train the "reward_model" reward beside the policy (experiments/reward_beside.py): each
+  # step, a Bradley-Terry step on up to pairs_per_step pairs of the step's replies, labelled
+  # by the grader or (labels="majority", no verifier) by each group's most common answer.
+  # pairs_per_step 0: the reward model stays as loaded.
+  c.reward_model_beside = ml_collections.ConfigDict(dict(
+      pairs_per_step=0, labels="grader", learning_rate=1e-5, head_learning_rate=1e-4))
 
   # Rollout.
   c.steps = 50
@@ -190,8 +196,23 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every, c.eval_every_s = 0, 300.0
     c.steps = 1000
     return c
+  if variant == "reward_model_beside":
+    return _reward_model_beside(c)
   if variant:
-    raise ValueError(f"unknown variant {variant!r}; expected 'tiny', 'reward_model' or none")
+    raise ValueError(f"unknown variant {variant!r}; expected 'tiny', 'reward_model', "
+                     "'reward_model_beside' or none")
+  return c
+
+
+def _reward_model_beside(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The reward model alone as the policy's reward, trained beside it on its fresh replies."""
+  c.rewards = ml_collections.ConfigDict(
+      {"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic", "step": 0}})
+  c.reward_model_beside.pairs_per_step = 8
+  c.kl_coef = 0.1
+  c.time_budget_s = 1800.0
+  c.eval_every, c.eval_every_s = 0, 600.0
+  c.steps = 1000
   return c
 
 

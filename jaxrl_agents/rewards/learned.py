@@ -133,7 +133,7 @@ class LearnedReward:
       raise ValueError(f"{workdir}'s checkpoint holds {sorted(params)}, not a reward model's "
                        "backbone and head")
     model = zoo.load(self.config["model"], dtype=self.config.get("dtype", "float32"))
-    self.tokenizer = model.tokenizer
+    self.tokenizer, self.cfg = model.tokenizer, model.cfg
     self.params = jax.tree.map(jnp.asarray, params)
     settings = self.config["reward_model"]
     self.max_len = int(settings["max_len"])
