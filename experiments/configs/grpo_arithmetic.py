@@ -23,6 +23,12 @@ Variants (`--config=...grpo_arithmetic.py:VARIANT`):
          `experiments/reward_model.py` in --config.rewards.reward_model.workdir
          (default runs/rm_arithmetic), its checkpoint `step` (0: the newest);
          KL 0.1 to the initial policy, 10 training minutes.
+  reward_model_beside  the same reward model alone, trained beside the policy: each step
+         it scores the replies, then takes a Bradley-Terry step on up to 8 pairs of them
+         labelled by the grader (--config.reward_model_beside.labels=majority: by each
+         group's most common answer, no verifier at all); KL 0.1, 30 training minutes,
+         evaluated every 10 (experiments/reward_beside.py). The evaluation's reward_mean
+         leaves the reward model out (it lives in the train state).
   tiny   the tiny random model, 3 prompts x 4 rollouts, 16 new tokens: a smoke
          test of every artifact in about 20 s. Its reward varies (`tiny_reward`),
          so the smoke tests run a real update.
