@@ -425,12 +425,19 @@ def stack_layers(params: Params) -> Params:
 
 
 def unstack_layers(params: Params) -> Params:
-  """The per-layer list layout (the CPU default) of stacked params."""
+  """The per-layer list layout (the CPU default) of stacked params.
+
+  Split, not indexed: the gradient of `w[i]` is a zero array of the whole stack with
+  layer i filled in, one per layer, and XLA kept all of them (a GRPO update of
+  SmolLM2 that shares each group's prompt through a cache, so unstacks twice, needed
+  25 GB of temporaries instead of 1); the gradient of a split is one concatenation.
+  """
   if not is_stacked(params):
     return params
   stacked = params["layers"]
   n = next(iter(stacked.values())).shape[0]
-  return {**params, "layers": [{k: v[i] for k, v in stacked.items()} for i in range(n)]}
+  pieces = {k: [jnp.squeeze(p, 0) for p in jnp.split(v, n)] for k, v in stacked.items()}
+  return {**params, "layers": [{k: pieces[k][i] for k in stacked} for i in range(n)]}
 
 
 # Rematerialization of the stacked layer body in the backward pass.
