@@ -166,12 +166,8 @@ def draw_pairs(groups: list[tuple[list[int], list[int]]], correct: np.ndarray, l
 def weighted_bt_loss(params, batch, *, cfg, s: rm_trainer.RMSettings):
   """Bradley-Terry loss of (PairBatch, f32[N] weights): weight 0 marks a padding pair."""
   pairs, weights = batch
-  tokens = jnp.concatenate([pairs.chosen, pairs.rejected])
-  mask = jnp.concatenate([pairs.chosen_mask, pairs.rejected_mask])
-  reply = jnp.concatenate([pairs.chosen_reply, pairs.rejected_reply])
-  r = rm_trainer.rewards_of(params, tokens, mask, reply, cfg=cfg, s=s)
-  n = pairs.chosen.shape[0]
-  return losses.bradley_terry_loss(r[:n], r[n:], margin=s.margin, weights=weights)
+  chosen, rejected = rm_trainer.pair_rewards(params, pairs, cfg=cfg, s=s)
+  return losses.bradley_terry_loss(chosen, rejected, margin=s.margin, weights=weights)
 
 
 class RewardModelBeside:

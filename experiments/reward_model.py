@@ -90,15 +90,21 @@ def rewards_of(params, tokens, mask, reply, *, cfg, s: RMSettings):
                                 frozen_layers=s.frozen_layers, reply=reply)
 
 
-def bt_loss(params, batch: PairBatch, *, cfg, s: RMSettings):
-  """Bradley-Terry loss of one (mini)batch of pairs: (loss, metrics)."""
+def pair_rewards(params, batch: PairBatch, *, cfg, s: RMSettings
+                 ) -> tuple[jax.Array, jax.Array]:
+  """(f32[N] rewards of the chosen sides, f32[N] of the rejected ones)."""
   # Both sides in one forward pass when they share a width (they always do: see pair_batch).
   tokens = jnp.concatenate([batch.chosen, batch.rejected])
   mask = jnp.concatenate([batch.chosen_mask, batch.rejected_mask])
   reply = jnp.concatenate([batch.chosen_reply, batch.rejected_reply])
   r = rewards_of(params, tokens, mask, reply, cfg=cfg, s=s)
   n = batch.chosen.shape[0]
-  return losses.bradley_terry_loss(r[:n], r[n:], margin=s.margin)
+  return r[:n], r[n:]
+
+
+def bt_loss(params, batch: PairBatch, *, cfg, s: RMSettings):
+  """Bradley-Terry loss of one (mini)batch of pairs: (loss, metrics)."""
+  return losses.bradley_terry_loss(*pair_rewards(params, batch, cfg=cfg, s=s), margin=s.margin)
 
 
 def pair_batch(tok, pairs: Sequence[Mapping[str, Any]], s: RMSettings) -> tuple[PairBatch, int]:
