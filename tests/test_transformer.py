@@ -209,6 +209,34 @@ def test_packed_segments_do_not_attend_across(model):
                              atol=2e-5, rtol=1e-5)
 
 
+def test_causal_attention_in_query_blocks_equals_one_block(model, monkeypatch):
+  """Queries in blocks against the keys up to each block's end: the same logits and
+  gradients as one block, with left padding, packed segments and a ragged last block."""
+  cfg, params = model.cfg, model.params
+  rng = np.random.default_rng(5)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(2, 19)), jnp.int32)
+  segments = jnp.asarray([[0] * 6 + [1] * 13, [1] * 8 + [2] * 9 + [0] * 2], jnp.int32)
+  positions = lm.positions_from_mask(segments == 1) + jnp.asarray(
+      [[0] * 19, [0] * 8 + list(range(9)) + [0, 0]]) * (segments == 2)
+
+  def run(block):
+    monkeypatch.setattr(transformer, "CAUSAL_BLOCK", block)
+
+    def loss(p):
+      logits, _ = transformer.apply(p, tokens, positions, cfg, segment_ids=segments)
+      return (jax.nn.log_softmax(logits) * (segments != 0)[..., None]).sum() * -1e-3, logits
+    # A fresh jit per block size: the block is read when the function is traced.
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+  (l_one, logits_one), g_one = run(10 ** 6)
+  (l_blocks, logits_blocks), g_blocks = run(4)
+  np.testing.assert_allclose(np.asarray(logits_blocks), np.asarray(logits_one),
+                             rtol=1e-5, atol=2e-5)
+  assert float(l_blocks) == pytest.approx(float(l_one), rel=1e-6)
+  for a, b in zip(jax.tree.leaves(g_blocks), jax.tree.leaves(g_one), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 def test_bfloat16_compute_is_close_to_float32(tiny_model):
   cfg, params = tiny_model.cfg, tiny_model.params
   tokens = np.arange(3, 19, dtype=np.int32)[None]
