@@ -115,23 +115,27 @@ def load_hf(hf_dir, dtype):
   return model.eval()
 
 
-class TunixProcess:
-  """A script run in tunix's own virtualenv (benchmarks/.venv-tunix, set up on first use)
-  that answers each stdin line with one JSON line on stdout."""
+class WorkerProcess:
+  """A benchmark worker script in its own process, run by `python`, that answers each
+  stdin line with one JSON line on stdout.
 
-  def __init__(self, script: str, *args: str):
-    subprocess.run(["bash", os.path.join(HERE, "setup_tunix.sh")], check=True)
-    python = os.path.join(HERE, ".venv-tunix", "bin", "python")
+  A baseline in its own process brings its own libraries (tunix's JAX, torch) and
+  can be closed, freeing its memory, before the project's side is timed
+  (`train_step.bench_alone` says why that matters).
+  """
+
+  def __init__(self, python: str, script: str, *args: str):
+    self.name = script
     self.proc = subprocess.Popen([python, os.path.join(HERE, script), *args],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
   def request(self, line: str) -> dict:
     self.proc.stdin.write(line + "\n")
     self.proc.stdin.flush()
-    while True:  # tunix may print its own lines; the answer is the next JSON object
+    while True:  # a library may print its own lines; the answer is the next JSON object
       answer = self.proc.stdout.readline()
       if not answer:
-        raise RuntimeError(f"tunix worker exited (code {self.proc.wait()}) on request {line!r}")
+        raise RuntimeError(f"{self.name} exited (code {self.proc.wait()}) on request {line!r}")
       if answer.startswith("{"):
         return json.loads(answer)
       print(answer, end="", file=sys.stderr)
@@ -139,6 +143,15 @@ class TunixProcess:
   def close(self):
     self.proc.stdin.close()
     self.proc.wait()
+
+
+class TunixProcess(WorkerProcess):
+  """A worker script run in tunix's own virtualenv (benchmarks/.venv-tunix, set up on
+  first use)."""
+
+  def __init__(self, script: str, *args: str):
+    subprocess.run(["bash", os.path.join(HERE, "setup_tunix.sh")], check=True)
+    super().__init__(os.path.join(HERE, ".venv-tunix", "bin", "python"), script, *args)
 
 
 class TunixWorker(TunixProcess):

@@ -14,12 +14,14 @@ moments in bfloat16 too. Side by side in the same run:
   ours   the project's SFT update (`experiments.sft.sft_loss` through
          `optim.update_state`, jitted, the state donated)
   torch  transformers' LlamaForCausalLM on the same weights, torch.optim.AdamW
+         (benchmarks/torch_train_step.py, a worker process)
   tunix  tunix 0.1.7's llama3 model (nnx) given SmolLM2's shapes and weights,
          optax.adamw under nnx.jit, in benchmarks/.venv-tunix (a worker process)
 
 Each figure is the best of `--repeats` timed steps after one warm-up step;
-compile time is the warm-up's excess over the best step. The systems are
-interleaved round by round, so a machine whose speed drifts slows them alike.
+compile time is the warm-up's excess over the best step. The systems run one
+after another, each with no other system's model in memory (`bench_alone`
+says why).
 Model-FLOPs utilization (MFU) counts 6 flops per parameter per token plus
 attention's 12 x layers x sequence x width per token (the PaLM convention),
 against the f32 and bf16 (f32-accumulated) matmul throughput measured with
@@ -34,11 +36,12 @@ import argparse
 import functools
 import json
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sampler import TunixProcess, bench_interleaved, machine_limits, timed
+from sampler import TunixProcess, WorkerProcess, machine_limits, timed
 
 import cpu_info
 from experiments import sft
@@ -77,23 +80,16 @@ def ours_runner(model, tokens: np.ndarray, dtype: str):
   return timed(run)
 
 
-def torch_runner(hf_dir: str, tokens: np.ndarray, dtype: str):
-  import torch
-  from transformers import AutoModelForCausalLM
+class TorchTrainWorker(WorkerProcess):
+  """transformers + torch's train step (benchmarks/torch_train_step.py), one step per
+  request, in its own process with this interpreter."""
 
-  torch.set_num_threads(os.cpu_count() or 2)
-  model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-  model.train()
-  opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-  ids = torch.tensor(tokens, dtype=torch.long)
+  def __init__(self, hf_dir: str, tokens_file: str):
+    super().__init__(sys.executable, "torch_train_step.py", "--hf-dir", hf_dir,
+                     "--tokens", tokens_file)
 
-  def run():
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-      out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-  return timed(run)
+  def runner(self, dtype: str):
+    return lambda: self.request(dtype)["seconds"]
 
 
 class TunixTrainWorker(TunixProcess):
@@ -104,6 +100,31 @@ class TunixTrainWorker(TunixProcess):
 
   def runner(self, dtype: str):
     return lambda: self.request(dtype)["seconds"]
+
+
+def worker_runner(worker, dtype: str):
+  """(run, close) of a baseline's worker process."""
+  return worker.runner(dtype), worker.close
+
+
+def bench_alone(start, dtype: str, repeats: int) -> tuple[float, float]:
+  """(first step s, best of `repeats` later steps) of one system, measured while no
+  other system holds a model: `start(dtype)` -> (run, close), closed before the next.
+
+  Not interleaved: a baseline's process alive beside the project's steps slowed
+  them by 10-35% on a 2-core AMD EPYC (12.8 s alone; 14-17.5 s after a torch
+  step, in this process or in its own; 12.7-13.2 s once torch's process had
+  exited), while torch's steps kept their time. Each step of the project's
+  update touches about 1.4M fresh pages (`pgfault` in /proc/vmstat), and that
+  cost depends on what else holds memory. One system after another leaves
+  drift over the minutes of a run uncancelled instead.
+  """
+  run, close = start(dtype)
+  try:
+    first = run()
+    return first, min(run() for _ in range(repeats))
+  finally:
+    close()
 
 
 def main():
@@ -130,25 +151,22 @@ def main():
           "bfloat16": limits["matmul_bf16_f32acc_gflop_s"] * 1e9}
   result = {"tok_s": {}, "compile_s": {}, "mfu": {}, "machine": {**cpu, **limits},
             "batch": BATCH, "seq": SEQ, "model_flops_per_token": flops_per_token}
-  tunix = None if args.skip_tunix else TunixTrainWorker(hf_dir, tokens_file)
+  systems = {"ours": lambda dtype: (ours_runner(model, tokens, dtype), lambda: None)}
+  if not args.skip_torch:
+    systems["torch"] = lambda dtype: worker_runner(TorchTrainWorker(hf_dir, tokens_file), dtype)
+  if not args.skip_tunix:
+    systems["tunix"] = lambda dtype: worker_runner(TunixTrainWorker(hf_dir, tokens_file), dtype)
   try:
     for dtype in dtypes:
-      runners = {"ours": ours_runner(model, tokens, dtype)}
-      if not args.skip_torch:
-        runners["torch"] = torch_runner(hf_dir, tokens, dtype)
-      if tunix is not None:
-        runners["tunix"] = tunix.runner(dtype)
-      for system, (first, best) in bench_interleaved(runners, args.repeats).items():
+      for system, start in systems.items():
+        first, best = bench_alone(start, dtype, args.repeats)
         tok_s = BATCH * SEQ / best
         result["tok_s"].setdefault(system, {})[dtype] = tok_s
         result["compile_s"].setdefault(system, {})[dtype] = max(first - best, 0.0)
         result["mfu"].setdefault(system, {})[dtype] = tok_s * flops_per_token / peak[dtype]
         print(f"{system:6s} {dtype:8s}: {tok_s:6.1f} tok/s, step {best:.2f} s (first "
               f"{first:.1f} s), MFU {result['mfu'][system][dtype]:.3f}", flush=True)
-      runners.clear()
   finally:
-    if tunix is not None:
-      tunix.close()
     os.remove(tokens_file)
   result["compile_s"].pop("torch", None)  # eager torch: nothing to compile
   ours = result["tok_s"]["ours"]
