@@ -43,7 +43,7 @@ def main():
     opt.step()
     opt.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "loss": float(out.loss)}), flush=True)
+    print(json.dumps({"seconds": seconds, "loss": out.loss.item()}), flush=True)
 
 
 if __name__ == "__main__":
