@@ -7,8 +7,8 @@ in `--tokens` and answers one stdout line {"seconds": ...}. A step is forward +
 backward + `torch.optim.AdamW` on LlamaForCausalLM with float32 parameters and
 moments; bfloat16 runs the forward under `torch.autocast`. The model and
 optimizer are built once (float32 parameters serve both dtypes). It runs in its
-own process so torch's thread pools and allocator never share a process with
-the project's XLA steps (see `sampler.WorkerProcess`).
+own process, which exits before the next system is timed (see
+`train_step.bench_alone`).
 """
 
 import argparse

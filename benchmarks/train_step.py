@@ -20,8 +20,8 @@ moments in bfloat16 too. Side by side in the same run:
 
 Each figure is the best of `--repeats` timed steps after one warm-up step;
 compile time is the warm-up's excess over the best step. The systems run one
-after another, each with no other system's model in memory (`bench_alone`
-says why).
+after another, none while another's worker process or train state is alive
+(`bench_alone` says why; the project's loaded weights stay in this process).
 Model-FLOPs utilization (MFU) counts 6 flops per parameter per token plus
 attention's 12 x layers x sequence x width per token (the PaLM convention),
 against the f32 and bf16 (f32-accumulated) matmul throughput measured with
@@ -109,7 +109,8 @@ def worker_runner(worker, dtype: str):
 
 def bench_alone(start, dtype: str, repeats: int) -> tuple[float, float]:
   """(first step s, best of `repeats` later steps) of one system, measured while no
-  other system holds a model: `start(dtype)` -> (run, close), closed before the next.
+  other system's worker or train state is alive: `start(dtype)` -> (run, close),
+  closed before the next.
 
   Not interleaved: a baseline's process alive beside the project's steps slowed
   them by 10-35% on a 2-core AMD EPYC (12.8 s alone; 14-17.5 s after a torch
