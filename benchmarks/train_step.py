@@ -88,9 +88,6 @@ class TorchTrainWorker(WorkerProcess):
     super().__init__(sys.executable, "torch_train_step.py", "--hf-dir", hf_dir,
                      "--tokens", tokens_file)
 
-  def runner(self, dtype: str):
-    return lambda: self.request(dtype)["seconds"]
-
 
 class TunixTrainWorker(TunixProcess):
   """tunix's train step, timing one step per request."""
@@ -98,13 +95,10 @@ class TunixTrainWorker(TunixProcess):
   def __init__(self, hf_dir: str, tokens_file: str):
     super().__init__("tunix_train_step.py", "--hf-dir", hf_dir, "--tokens", tokens_file)
 
-  def runner(self, dtype: str):
-    return lambda: self.request(dtype)["seconds"]
-
 
 def worker_runner(worker, dtype: str):
-  """(run, close) of a baseline's worker process."""
-  return worker.runner(dtype), worker.close
+  """(run, close) of a baseline's train-step worker: one step of `dtype` per request."""
+  return (lambda: worker.request(dtype)["seconds"]), worker.close
 
 
 def bench_alone(start, dtype: str, repeats: int) -> tuple[float, float]:
