@@ -2,6 +2,7 @@
 
   .venv/bin/python benchmarks/train_step.py                 # all three (sets up tunix's venv)
   .venv/bin/python benchmarks/train_step.py --skip-tunix --dtypes float32
+  .venv/bin/python benchmarks/train_step.py --baselines-retain-freed-memory
 
 One step is forward + backward + AdamW over a batch of 8 x 256 tokens of
 SmolLM2-135M-Instruct (every token predicted from the ones before it, token-mean
@@ -27,6 +28,11 @@ attention's 12 x layers x sequence x width per token (the PaLM convention),
 against the f32 and bf16 (f32-accumulated) matmul throughput measured with
 JAX in the same run.
 
+The project keeps freed host memory for reuse (`jaxrl_agents.host_memory`: one
+glibc arena, no mmap, no trimming); the baselines run with glibc's defaults, as
+their users get them, unless `--baselines-retain-freed-memory` starts their
+workers with the same settings (both gain from them: quote both comparisons).
+
 The last line of output is one JSON object.
 """
 
@@ -45,6 +51,7 @@ from sampler import TunixProcess, WorkerProcess, machine_limits, timed
 
 import cpu_info
 from experiments import sft
+from jaxrl_agents import host_memory
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.models import zoo
 
@@ -109,10 +116,11 @@ def bench_alone(start, dtype: str, repeats: int) -> tuple[float, float]:
   Not interleaved: a baseline's process alive beside the project's steps slowed
   them by 10-35% on a 2-core AMD EPYC (12.8 s alone; 14-17.5 s after a torch
   step, in this process or in its own; 12.7-13.2 s once torch's process had
-  exited), while torch's steps kept their time. Each step of the project's
-  update touches about 1.4M fresh pages (`pgfault` in /proc/vmstat), and that
-  cost depends on what else holds memory. One system after another leaves
-  drift over the minutes of a run uncancelled instead.
+  exited), while torch's steps kept their time. Under glibc's default malloc
+  each step touched about 1.4M fresh pages (`pgfault` in /proc/vmstat), and
+  that cost depends on what else holds memory (`jaxrl_agents.host_memory` now
+  keeps those pages, but a baseline's still fault). One system after another
+  leaves drift over the minutes of a run uncancelled instead.
   """
   run, close = start(dtype)
   try:
@@ -129,8 +137,13 @@ def main():
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--skip-tunix", action="store_true")
   p.add_argument("--skip-torch", action="store_true")
+  p.add_argument("--baselines-retain-freed-memory", action="store_true",
+                 help="start torch's and tunix's workers with the glibc malloc settings "
+                      "this project sets for itself (jaxrl_agents.host_memory)")
   args = p.parse_args()
   dtypes = args.dtypes.split(",")
+  if args.baselines_retain_freed_memory:
+    os.environ.update(host_memory.GLIBC_ENV)  # read by the workers' glibc when they start
 
   model = zoo.load(zoo.DEFAULT_MODEL)
   hf_dir = zoo.smollm2_dir()
@@ -145,7 +158,8 @@ def main():
   peak = {"float32": limits["matmul_f32_gflop_s"] * 1e9,
           "bfloat16": limits["matmul_bf16_f32acc_gflop_s"] * 1e9}
   result = {"tok_s": {}, "compile_s": {}, "mfu": {}, "machine": {**cpu, **limits},
-            "batch": BATCH, "seq": SEQ, "model_flops_per_token": flops_per_token}
+            "batch": BATCH, "seq": SEQ, "model_flops_per_token": flops_per_token,
+            "baselines_retain_freed_memory": args.baselines_retain_freed_memory}
   systems = {"ours": lambda dtype: (ours_runner(model, tokens, dtype), lambda: None)}
   if not args.skip_torch:
     systems["torch"] = lambda dtype: worker_runner(TorchTrainWorker(hf_dir, tokens_file), dtype)

@@ -31,6 +31,12 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 
+# The same settings as environment variables, which glibc reads when a process starts:
+# for a process that does not import jaxrl_agents (a benchmark's baseline, to compare
+# systems on equal terms).
+GLIBC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+             "MALLOC_TRIM_THRESHOLD_": str(2**62)}
+
 
 def retain_freed_memory() -> bool:
   """Tells glibc's malloc to keep freed memory for reuse; True if it took effect.
