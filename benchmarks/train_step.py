@@ -28,10 +28,11 @@ attention's 12 x layers x sequence x width per token (the PaLM convention),
 against the f32 and bf16 (f32-accumulated) matmul throughput measured with
 JAX in the same run.
 
-The project keeps freed host memory for reuse (`jaxrl_agents.host_memory`: one
-glibc arena, no mmap, no trimming); the baselines run with glibc's defaults, as
-their users get them, unless `--baselines-retain-freed-memory` starts their
-workers with the same settings (both gain from them: quote both comparisons).
+The project's side keeps freed host memory for reuse, as the SFT experiment does
+by default (`jaxrl_agents.host_memory`: one glibc arena, no mmap, no trimming);
+the baselines run with glibc's defaults, as their users get them, unless
+`--baselines-retain-freed-memory` starts their workers with the same settings
+(they gain from them too: quote both comparisons).
 
 The last line of output is one JSON object.
 """
@@ -118,8 +119,8 @@ def bench_alone(start, dtype: str, repeats: int) -> tuple[float, float]:
   step, in this process or in its own; 12.7-13.2 s once torch's process had
   exited), while torch's steps kept their time. Under glibc's default malloc
   each step touched about 1.4M fresh pages (`pgfault` in /proc/vmstat), and
-  that cost depends on what else holds memory (`jaxrl_agents.host_memory` now
-  keeps those pages, but a baseline's still fault). One system after another
+  that cost depends on what else holds memory (the project's side now keeps
+  those pages; a baseline's still fault unless given the same settings). One system after another
   leaves drift over the minutes of a run uncancelled instead.
   """
   run, close = start(dtype)
@@ -142,6 +143,7 @@ def main():
                       "this project sets for itself (jaxrl_agents.host_memory)")
   args = p.parse_args()
   dtypes = args.dtypes.split(",")
+  host_memory.retain_freed_memory()  # as the SFT experiment does; before XLA's threads start
   if args.baselines_retain_freed_memory:
     os.environ.update(host_memory.GLIBC_ENV)  # read by the workers' glibc when they start
 

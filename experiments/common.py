@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxrl_agents import data as data_lib
 from jaxrl_agents import distributed, harness, overlap, registry, rl_loop, sharding
+from jaxrl_agents import host_memory as host_memory_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import transformer, zoo
@@ -305,8 +306,11 @@ def enable_compilation_cache(setting: str, workdir: str) -> str | None:
   return directory
 
 
-def main(train_fn) -> None:
+def main(train_fn, host_memory: str = "system") -> None:
   """The command line of an experiment script: `--config=FILE[:VARIANT] --workdir=DIR`.
+
+  `host_memory` is the `--host_memory` flag's default: "retain" for an experiment whose
+  update has large temporaries (jaxrl_agents/host_memory.py says when that pays).
 
   Flags are defined here, at run time, not at import: the experiment modules
   can then be imported together (tests, notebooks) without duplicate flags.
@@ -322,11 +326,17 @@ def main(train_fn) -> None:
       "compilation_cache", "auto", "directory of JAX's persistent compilation cache, shared by "
       "runs: a rerun or a resume loads its programs instead of compiling them. 'auto': "
       f"{COMPILATION_CACHE_NAME}/ beside the workdir; 'none': off")
+  memory = flags.DEFINE_enum(
+      "host_memory", host_memory, ["system", "retain"], "'retain': glibc's malloc keeps "
+      "freed memory for reuse (one arena, no mmap, no trimming), so each step does not "
+      "fault its temporaries in anew; 'system': glibc's defaults")
   flags.mark_flags_as_required(["config", "workdir"])
 
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if memory.value == "retain":  # before XLA starts its threads
+      host_memory_lib.retain_freed_memory()
     setup_logging()
     distributed.initialize_from_env()  # several processes, when launched as such
     enable_compilation_cache(cache.value, workdir.value)

@@ -8,23 +8,25 @@ step on a 2-core EPYC. With glibc told to serve every request from one heap (one
 no `mmap`) and never to give the heap's top back (no trimming), the freed buffer stays
 mapped and the next execution reuses its pages.
 
-The price: the process keeps its peak heap for its lifetime instead of returning it
-between calls. Set `JAXRL_AGENTS_SYSTEM_MALLOC=1` to leave glibc's defaults alone.
+The price, and why it is not the default everywhere:
+- the process keeps its peak heap for its lifetime instead of returning it between calls;
+- with one arena, threads that allocate at the same time wait for each other. The GRPO
+  experiment compiles its first update in a background thread while the sampler
+  compiles (`precompile.py`), and there the first iteration took 34-38 s instead of
+  28 s, with no gain in the steady state (its temporaries are small).
+So experiments choose it (`--host_memory=retain`, the SFT experiment's default).
 
 `retain_freed_memory` must run before XLA starts its threads (before the first
 computation): a thread that already has an arena of its own keeps it, and its large
-requests go on being mapped and unmapped. `jaxrl_agents` calls it when it is imported.
+requests go on being mapped and unmapped.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import platform
 import sys
-
-OPT_OUT = "JAXRL_AGENTS_SYSTEM_MALLOC"
 
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -32,20 +34,15 @@ _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 
 # The same settings as environment variables, which glibc reads when a process starts:
-# for a process that does not import jaxrl_agents (a benchmark's baseline, to compare
-# systems on equal terms).
+# for a process that does not call retain_freed_memory (a benchmark's baseline, to
+# compare systems on equal terms).
 GLIBC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
              "MALLOC_TRIM_THRESHOLD_": str(2**62)}
 
 
 def retain_freed_memory() -> bool:
-  """Tells glibc's malloc to keep freed memory for reuse; True if it took effect.
-
-  A no-op (False) off Linux/glibc, or with `JAXRL_AGENTS_SYSTEM_MALLOC` set to anything
-  but "" or "0".
-  """
-  if os.environ.get(OPT_OUT, "") not in ("", "0"):
-    return False
+  """Tells glibc's malloc to keep freed memory for reuse; True if it took effect
+  (False off Linux/glibc)."""
   if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
     return False
   libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

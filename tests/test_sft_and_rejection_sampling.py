@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -138,3 +140,21 @@ def test_rejection_sampling_rounds_keep_the_best_replies_and_resume_exactly(tmp_
   assert [r["step"] for r in _records(part, "train")] == [1, 2, 3]
   rejection_sampling.train(config, part, progress=False)
   assert _strip(_records(part, "train")) == _strip(train)
+
+
+def test_sft_command_line_gives_the_same_records_with_either_host_memory_setting(tmp_path):
+  """`experiments.sft` keeps freed host memory by default (--host_memory=retain); how
+  glibc hands out memory must not change a single figure."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  records = {}
+  for setting in ("retain", "system"):
+    workdir = str(tmp_path / setting)
+    cmd = [sys.executable, "-m", "experiments.sft",
+           "--config=experiments/configs/sft_arithmetic.py:tiny", f"--workdir={workdir}",
+           "--config.steps=2", "--config.eval_every=2", f"--host_memory={setting}"]
+    r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "XLA_FLAGS": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    records[setting] = _strip(metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
+  assert [r["kind"] for r in records["retain"]].count("train") == 2
+  assert records["retain"] == records["system"]
