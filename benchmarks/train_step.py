@@ -120,8 +120,9 @@ def bench_alone(start, dtype: str, repeats: int) -> tuple[float, float]:
   exited), while torch's steps kept their time. Under glibc's default malloc
   each step touched about 1.4M fresh pages (`pgfault` in /proc/vmstat), and
   that cost depends on what else holds memory (the project's side now keeps
-  those pages; a baseline's still fault unless given the same settings). One system after another
-  leaves drift over the minutes of a run uncancelled instead.
+  those pages; a baseline's still fault unless given the same settings). One
+  system after another leaves drift over the minutes of a run uncancelled
+  instead.
   """
   run, close = start(dtype)
   try:

@@ -335,9 +335,12 @@ def main(train_fn, host_memory: str = "system") -> None:
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if memory.value == "retain":  # before XLA starts its threads
-      host_memory_lib.retain_freed_memory()
+    # Before XLA starts its threads.
+    retained = memory.value == "retain" and host_memory_lib.retain_freed_memory()
     setup_logging()
+    if memory.value == "retain" and not retained:
+      logging.getLogger(__name__).warning("--host_memory=retain has no effect here "
+                                          "(it sets glibc's malloc; this is not glibc)")
     distributed.initialize_from_env()  # several processes, when launched as such
     enable_compilation_cache(cache.value, workdir.value)
     train_fn(config.value, workdir.value)
