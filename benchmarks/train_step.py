@@ -70,6 +70,8 @@ def model_flops_per_token(cfg) -> float:
 
 
 def ours_runner(model, tokens: np.ndarray, dtype: str):
+  """(run, close) of the project's update: `close` deletes the train state and hands
+  the freed heap back to the system (`host_memory.release_freed_memory`)."""
   cfg = model.cfg.replace(dtype=dtype)
   optimizer = optim_lib.make_optimizer(learning_rate=1e-5, total_updates=1000, grad_clip=None)
   loss = functools.partial(sft.sft_loss, cfg=cfg, aggregation="token-mean")
@@ -85,7 +87,11 @@ def ours_runner(model, tokens: np.ndarray, dtype: str):
   def run():
     box[0], metrics = update(box[0], batch, rng, jnp.float32(0.0))
     jax.block_until_ready((box[0], metrics))
-  return timed(run)
+
+  def close():
+    jax.tree.map(lambda leaf: leaf.delete(), box.pop())
+    host_memory.release_freed_memory()
+  return timed(run), close
 
 
 class TorchTrainWorker(WorkerProcess):
@@ -144,9 +150,10 @@ def main():
                       "this project sets for itself (jaxrl_agents.host_memory)")
   args = p.parse_args()
   dtypes = args.dtypes.split(",")
-  host_memory.retain_freed_memory()  # as the SFT experiment does; before XLA's threads start
+  retained = host_memory.retain_freed_memory()  # as SFT does; before XLA's threads start
   if args.baselines_retain_freed_memory:
-    os.environ.update(host_memory.GLIBC_ENV)  # read by the workers' glibc when they start
+    # Read by the workers' glibc when they start.
+    os.environ.update(host_memory.RETAIN_FREED_MEMORY_ENV)
 
   model = zoo.load(zoo.DEFAULT_MODEL)
   hf_dir = zoo.smollm2_dir()
@@ -162,8 +169,9 @@ def main():
           "bfloat16": limits["matmul_bf16_f32acc_gflop_s"] * 1e9}
   result = {"tok_s": {}, "compile_s": {}, "mfu": {}, "machine": {**cpu, **limits},
             "batch": BATCH, "seq": SEQ, "model_flops_per_token": flops_per_token,
+            "ours_retains_freed_memory": retained,
             "baselines_retain_freed_memory": args.baselines_retain_freed_memory}
-  systems = {"ours": lambda dtype: (ours_runner(model, tokens, dtype), lambda: None)}
+  systems = {"ours": lambda dtype: ours_runner(model, tokens, dtype)}
   if not args.skip_torch:
     systems["torch"] = lambda dtype: worker_runner(TorchTrainWorker(hf_dir, tokens_file), dtype)
   if not args.skip_tunix:

@@ -326,7 +326,7 @@ def main(train_fn, host_memory: str = "system") -> None:
       "compilation_cache", "auto", "directory of JAX's persistent compilation cache, shared by "
       "runs: a rerun or a resume loads its programs instead of compiling them. 'auto': "
       f"{COMPILATION_CACHE_NAME}/ beside the workdir; 'none': off")
-  memory = flags.DEFINE_enum(
+  host_memory_flag = flags.DEFINE_enum(
       "host_memory", host_memory, ["system", "retain"], "'retain': glibc's malloc keeps "
       "freed memory for reuse (one arena, no mmap, no trimming), so each step does not "
       "fault its temporaries in anew; 'system': glibc's defaults")
@@ -335,12 +335,14 @@ def main(train_fn, host_memory: str = "system") -> None:
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    # Before XLA starts its threads.
-    retained = memory.value == "retain" and host_memory_lib.retain_freed_memory()
+    retain = host_memory_flag.value == "retain"
+    retained = retain and host_memory_lib.retain_freed_memory()  # before XLA's threads start
     setup_logging()
-    if memory.value == "retain" and not retained:
-      logging.getLogger(__name__).warning("--host_memory=retain has no effect here "
-                                          "(it sets glibc's malloc; this is not glibc)")
+    if retain and not retained:
+      logging.getLogger(__name__).warning("--host_memory=retain could not be applied (it "
+                                          "sets glibc's malloc options)")
+    logging.getLogger(__name__).info("host memory: %s",
+                                     "freed memory retained" if retained else "system malloc")
     distributed.initialize_from_env()  # several processes, when launched as such
     enable_compilation_cache(cache.value, workdir.value)
     train_fn(config.value, workdir.value)

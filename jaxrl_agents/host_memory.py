@@ -18,13 +18,14 @@ So experiments choose it (`--host_memory=retain`, the SFT experiment's default).
 
 `retain_freed_memory` must run before XLA starts its threads (before the first
 computation): a thread that already has an arena of its own keeps it, and its large
-requests go on being mapped and unmapped.
+requests go on being mapped and unmapped (so may a new thread that inherits the arena
+of one that exited). `RETAIN_FREED_MEMORY_ENV`, set before a process starts, is the
+strict form. `release_freed_memory` hands the free part of the heap back at once.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 import sys
 
@@ -35,17 +36,35 @@ _M_ARENA_MAX = -8
 
 # The same settings as environment variables, which glibc reads when a process starts:
 # for a process that does not call retain_freed_memory (a benchmark's baseline, to
-# compare systems on equal terms).
-GLIBC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
-             "MALLOC_TRIM_THRESHOLD_": str(2**62)}
+# compare systems on equal terms). The variable is read as an unsigned size, so "never
+# trim" is a huge number there rather than -1.
+RETAIN_FREED_MEMORY_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+                           "MALLOC_TRIM_THRESHOLD_": str(2**62)}
+
+
+def _glibc() -> ctypes.CDLL | None:
+  if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    return None
+  libc = ctypes.CDLL("libc.so.6")
+  libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+  libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+  return libc
 
 
 def retain_freed_memory() -> bool:
-  """Tells glibc's malloc to keep freed memory for reuse; True if it took effect
-  (False off Linux/glibc)."""
-  if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+  """Tells glibc's malloc to keep freed memory for reuse; True if every setting took
+  effect (False off Linux/glibc)."""
+  libc = _glibc()
+  if libc is None:
     return False
-  libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
   # mallopt takes an int; glibc reads the trim threshold as size_t, so -1 means "never".
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
-  return all(libc.mallopt(param, value) == 1 for param, value in settings)
+  applied = [libc.mallopt(param, value) == 1 for param, value in settings]
+  return all(applied)
+
+
+def release_freed_memory() -> bool:
+  """Hands the heap's free pages back to the system now (glibc's `malloc_trim`, which
+  works whatever the trim threshold); True if any were released."""
+  libc = _glibc()
+  return libc is not None and libc.malloc_trim(0) == 1
