@@ -89,7 +89,8 @@ def ours_runner(model, tokens: np.ndarray, dtype: str):
     jax.block_until_ready((box[0], metrics))
 
   def close():
-    jax.tree.map(lambda leaf: leaf.delete(), box.pop())
+    for leaf in jax.tree.leaves(box.pop()):
+      leaf.delete()
     host_memory.release_freed_memory()
   return timed(run), close
 

@@ -27,6 +27,7 @@ strict form. `release_freed_memory` hands the free part of the heap back at once
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 import sys
 
@@ -43,8 +44,14 @@ RETAIN_FREED_MEMORY_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
                            "MALLOC_TRIM_THRESHOLD_": str(2**62)}
 
 
+def is_glibc() -> bool:
+  """Whether this process runs on glibc (the only malloc these settings are for)."""
+  return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-  if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+  if not is_glibc():
     return None
   libc = ctypes.CDLL("libc.so.6")
   libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
@@ -60,7 +67,7 @@ def retain_freed_memory() -> bool:
     return False
   # mallopt takes an int; glibc reads the trim threshold as size_t, so -1 means "never".
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
-  applied = [libc.mallopt(param, value) == 1 for param, value in settings]
+  applied = [libc.mallopt(param, value) == 1 for param, value in settings]  # each one tried
   return all(applied)
 
 

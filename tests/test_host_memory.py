@@ -1,11 +1,12 @@
 """host_memory: a large buffer freed by one XLA execution is reused by the next one."""
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
+
+from jaxrl_agents import host_memory
 
 # Calls a jitted function whose 64 MiB output is freed before the next call, and prints
 # the page faults (ru_minflt) of five calls after ten warm-up calls (the heap grows to a
@@ -44,8 +45,7 @@ def _faults(mode: str, **malloc_env) -> int:
   return int(r.stdout.split()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-                    reason="the setting is glibc's")
+@pytest.mark.skipif(not host_memory.is_glibc(), reason="the setting is glibc's")
 def test_freed_xla_buffers_are_reused_without_page_faults():
   retained = _faults("retain")
   system = _faults("system")
@@ -56,4 +56,3 @@ def test_freed_xla_buffers_are_reused_without_page_faults():
   assert system >= 5 * _PAGES_PER_CALL * 0.9, system
   assert own_arenas >= 5 * _PAGES_PER_CALL * 0.9, own_arenas
   assert retained < _PAGES_PER_CALL // 4, retained
-
