@@ -9,6 +9,7 @@ from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.rollout import scoring
 from jaxrl_agents.rollout.scoring import policy_logprobs, token_logprobs
 
 
@@ -42,9 +43,16 @@ def test_temperature_scales_logits_before_the_softmax():
 
 
 @pytest.mark.parametrize("group_size", [2, 3])
-def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size):
-  """One prompt pass per group gives the full forward's log-probs, entropies and gradient."""
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "prefill_then_cache"])
+def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size, one_pass,
+                                                        monkeypatch):
+  """One prompt pass per group gives the full forward's log-probs, entropies and gradient,
+  both ways: prompts and replies through each layer together (`apply_shared_prefix`), and
+  the prompts' prefill, then the replies against its repeated cache (models without it)."""
   params, cfg = tiny_model.params, tiny_model.cfg
+  assert scoring._one_pass(cfg)
+  if not one_pass:
+    monkeypatch.setattr(scoring, "_one_pass", lambda cfg: False)
   tokens, mask = tokenizer_lib.pad_left([[5, 9, 14, 20, 31], [7, 3]], pad_id=0, length=8)
   sampling = sampler_lib.SamplingConfig(max_new_tokens=9, temperature=1.0, stop_tokens=(4, 11),
                                         pad_id=0)

@@ -79,6 +79,46 @@ def test_prefill_into_a_new_cache_equals_apply_with_an_empty_cache(model):
     transformer.apply(params, tokens, positions, cfg, new_cache_len=5)
 
 
+@pytest.mark.parametrize("prefix_len", [7, 70])  # 70: the prefix's causal attention in blocks
+def test_shared_prefix_pass_equals_the_prefill_then_its_repeated_cache(model, prefix_len):
+  """apply_shared_prefix: P prefixes and G continuations of each in one pass give what the
+  prefixes' prefill, then the continuations against the cache repeated G times, give; in
+  either params layout."""
+  cfg, params = model.cfg, model.params
+  rng = np.random.default_rng(5)
+  p, g, n = 2, 3, 5
+  prefix = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(p, prefix_len)), jnp.int32)
+  prefix_mask = np.ones((p, prefix_len), bool)
+  prefix_mask[1, :3] = False  # left padding
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, size=(p * g, n)), jnp.int32)
+  mask = np.ones((p * g, n), bool)
+  mask[1, 3:] = False  # a reply that ended early
+  mask[4, 2] = False  # a gap, as between turns
+  prefix_positions = lm.positions_from_mask(jnp.asarray(prefix_mask))
+  positions = (jnp.repeat(prefix_positions[:, -1:], g, axis=0) + 1
+               + lm.positions_from_mask(jnp.asarray(mask)))
+  prefix_segments, segments = jnp.asarray(prefix_mask, jnp.int32), jnp.asarray(mask, jnp.int32)
+
+  prefill = jax.jit(transformer.apply, static_argnums=3,
+                    static_argnames=("return_hidden", "new_cache_len"))
+  want_prefix, cache = prefill(params, prefix, prefix_positions, cfg, segment_ids=prefix_segments,
+                               return_hidden=True, new_cache_len=prefix_len + n)
+  want, _ = _apply(params, tokens, positions, cfg, segment_ids=segments,
+                   cache=lm.repeat_cache(cache, g), return_hidden=True)
+  shared = jax.jit(transformer.apply_shared_prefix, static_argnums=7,
+                   static_argnames=("group_size",))
+  real = prefix_mask[:, :, None]  # a padding query attends to nothing in the prefill
+  for layout in (params, transformer.stack_layers(params)):
+    got_prefix, got = shared(layout, prefix, prefix_positions, prefix_segments, tokens,
+                             positions, segments, cfg, group_size=g)
+    np.testing.assert_allclose(np.asarray(got_prefix) * real, np.asarray(want_prefix) * real,
+                               atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="6 continuation rows are not 2 for each of 2"):
+    transformer.apply_shared_prefix(params, prefix, prefix_positions, prefix_segments, tokens,
+                                    positions, segments, cfg, group_size=2)
+
+
 def test_rope_tables_from_a_table_equal_the_direct_angles():
   inv_freq = transformer.rope_frequencies(zoo.load("tiny").cfg)
   positions = jnp.asarray([[0, 1, 5, 63], [7, 7, 0, 62]], jnp.int32)

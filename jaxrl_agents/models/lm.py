@@ -24,6 +24,7 @@ The definition provides (`CausalLM`):
 | `init_cache(batch, max_len)` | an empty cache of `max_len` slots per row |
 | `decoding_params(params, rows)` | the params layout decoding `rows` rows runs fastest with |
 | `replace(**changes)` | a copy with fields changed (`dtype`, `param_dtype`, `activation_mesh`) |
+| `apply_shared_prefix(...)` | optional: prefixes and G continuations of each in one pass (below) |
 
 `apply(params, tokens int[B, T], positions int[B, T], *, segment_ids=None,
 cache=None, return_hidden=False, new_cache_len=None, cache_dtype=None,
@@ -38,6 +39,13 @@ the new cache or None):
 `num_positions` is a static bound on the positions a model may use to
 precompute tables; `cache_dtype` the new cache's dtype; both are hints a model
 may ignore.
+
+`apply_shared_prefix(params, prefix_tokens, prefix_positions, prefix_segments,
+tokens, positions, segment_ids, *, group_size, num_positions=None)` returns the
+hidden states of P prefixes f[P, Lp, D] and of their P * G continuations
+f[P * G, N, D], row b continuing prefix b // G: what `apply` gives for the
+prefixes with `new_cache_len`, then for the continuations with that cache
+repeated G times (scoring uses it when present, that pair otherwise).
 
 The cache is a NamedTuple with `valid: bool[B, S]` (which slots hold real
 tokens) and `index: int32[]` (the next slot every row writes); its other

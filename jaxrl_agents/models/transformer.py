@@ -142,6 +142,10 @@ class TransformerConfig:
   def lm_head(self, params: Params, hidden: jax.Array) -> jax.Array:
     return lm_head(params, hidden, self)
 
+  def apply_shared_prefix(self, params: Params, *args, **kwargs):
+    """Optional member of the contract (`lm` module docstring): `apply_shared_prefix`."""
+    return apply_shared_prefix(params, *args, self, **kwargs)
+
   def decode_step(self, params: Params, tokens: jax.Array, positions: jax.Array, cache,
                   vocab_major: bool = False):
     return decode_step(params, tokens, positions, self, cache, vocab_major=vocab_major)
@@ -615,6 +619,95 @@ def apply(
   if return_hidden:
     return x, new_cache
   return lm_head(params, x, cfg), new_cache
+
+
+def apply_shared_prefix(
+    params: Params,
+    prefix_tokens: jax.Array,
+    prefix_positions: jax.Array,
+    prefix_segments: jax.Array,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array,
+    cfg: TransformerConfig,
+    *,
+    group_size: int,
+    num_positions: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """Final hidden states of P prefixes and of G continuations of each, in one pass.
+
+  Row b of `tokens` continues prefix b // G: its token i attends to the valid
+  tokens of its prefix and to its own valid tokens up to i, exactly what
+  `apply` with the prefix's prefill cache repeated G times computes (a
+  padding token is a query but never a key). The difference is the program:
+  every layer's projections and MLP run once, on the prefixes' and the
+  continuations' tokens together, and only the attention is split, so the
+  forward and backward have one matrix product per weight where the
+  prefill-then-cache pair has two. On XLA:CPU that makes the GRPO update of
+  SmolLM2 (2 prompts x 4 replies) compile in about a third less time.
+
+  Args:
+    params: the parameter pytree (either layout).
+    prefix_tokens, prefix_positions, prefix_segments: int[P, Lp] (segment 0 is
+      padding, as in `apply`).
+    tokens, positions, segment_ids: int[P * G, N], the continuations,
+      `group_size` consecutive rows per prefix; positions continue the prefix's.
+    cfg: the architecture.
+    group_size: G.
+    num_positions: as in `apply`.
+
+  Returns:
+    (f[P, Lp, D] the prefixes', f[P * G, N, D] the continuations'), normalized
+    as `apply(..., return_hidden=True)` returns them.
+  """
+  (p, lp), (b, n) = prefix_tokens.shape, tokens.shape
+  if b != p * group_size:
+    raise ValueError(f"{b} continuation rows are not {group_size} for each of {p} prefixes")
+  if prefix_positions.shape != prefix_tokens.shape or prefix_segments.shape != prefix_tokens.shape:
+    raise ValueError("prefix positions and segments must have the prefix tokens' shape "
+                     f"{prefix_tokens.shape}")
+  if positions.shape != tokens.shape or segment_ids.shape != tokens.shape:
+    raise ValueError(f"positions and segments must have the tokens' shape {tokens.shape}")
+  if is_stacked(params):
+    params = unstack_layers(params)
+  dtype = _as_dtype(cfg.dtype)
+  inv_freq = rope_frequencies(cfg)
+  # One stream of tokens, prefixes first: [P * Lp + B * N, D] (as one row, for RoPE).
+  flat = lambda a: a.reshape(1, -1, *a.shape[2:])
+  all_tokens = jnp.concatenate([flat(prefix_tokens), flat(tokens)], axis=1)
+  all_positions = jnp.concatenate([flat(prefix_positions), flat(positions)], axis=1)
+  tables = rope_tables(all_positions, inv_freq, num_positions)
+  x = params["embed"][all_tokens].astype(dtype)
+  prefix_allowed = lm.attention_allowed(prefix_segments)
+  prefix_valid = jnp.repeat(prefix_segments != 0, group_size, axis=0)
+  own = jnp.tril(jnp.ones((n, n), bool))[None] & (segment_ids != 0)[:, None, :]
+  allowed = jnp.concatenate([jnp.broadcast_to(prefix_valid[:, None, :], (b, n, lp)), own], -1)
+  heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [., T, K, Dh] -> [., K, T, Dh]
+
+  def split(a):
+    """[1, P * Lp + B * N, ...] -> ([P, Lp, ...], [B, N, ...])."""
+    return (a[0, :p * lp].reshape(p, lp, *a.shape[2:]),
+            a[0, p * lp:].reshape(b, n, *a.shape[2:]))
+
+  def with_prefix(prefix, own):
+    """The keys (or values) continuation rows see: their prefix's, then their own, f[B, K,
+    Lp + N, Dh]. The keys go to the attention slots-last, as a cache holds them: the
+    scoring forward of the GRPO update above ran 0.69 s in the other layout, 0.60 s so."""
+    return jnp.concatenate([jnp.repeat(heads_first(prefix), group_size, axis=0),
+                            heads_first(own)], axis=2)
+
+  for layer in params["layers"]:
+    h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+    q, k, v = _qkv(h, layer, all_positions, inv_freq, tables, cfg, dtype)
+    (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
+    attended = jnp.concatenate([
+        flat(_attention(qp, heads_first(kp), heads_first(vp), prefix_allowed, cfg,
+                        causal=True)),
+        flat(_attention(qc, with_prefix(kp, kc).transpose(0, 1, 3, 2), with_prefix(vp, vc),
+                        allowed, cfg, slots_last=True))], axis=1)
+    x = x + _dense(attended, layer["wo"], dtype)
+    x = x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
+  return split(rms_norm(x, params["final_norm"], cfg.norm_eps))
 
 
 def _dense_fm(w: jax.Array, x: jax.Array, dtype) -> jax.Array:

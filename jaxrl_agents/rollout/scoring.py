@@ -70,7 +70,10 @@ def policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *,
   the model per row. The result equals the G = 1 full forward (the same
   attention, over the same keys) for a fraction of the prompt's cost, in the
   forward and in the backward pass (the gradient through the repeated cache
-  sums over the group).
+  sums over the group). A model with `apply_shared_prefix` (the project's
+  transformer) does this in one pass, the prompts' and replies' tokens through
+  each layer together; others prefill the prompts, then run the replies
+  against the repeated cache.
   """
   lp, t = traj.prompt_width, traj.tokens.shape[1]
   n = t - lp
@@ -85,6 +88,13 @@ def policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *,
     if group_size < 1 or b % group_size:
       raise ValueError(f"batch of {b} rows is not a whole number of groups of {group_size}")
     prompt_valid = traj.valid[::group_size, :lp]
+    if n > 1 and _one_pass(cfg):
+      prompt_hidden, rest = cfg.apply_shared_prefix(
+          params, traj.tokens[::group_size, :lp], lm.positions_from_mask(prompt_valid),
+          prompt_valid.astype(jnp.int32), traj.tokens[:, lp:-1], positions[:, lp:-1],
+          segments[:, lp:-1], group_size=group_size, num_positions=t)
+      hidden = jnp.concatenate([jnp.repeat(prompt_hidden[:, -1:], group_size, axis=0), rest], 1)
+      return _predictors(hidden, traj)
     prompt_hidden, cache = cfg.apply(
         params, traj.tokens[::group_size, :lp], lm.positions_from_mask(prompt_valid),
         segment_ids=prompt_valid.astype(jnp.int32), return_hidden=True, new_cache_len=t - 1,
@@ -98,6 +108,20 @@ def policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *,
           segment_ids=segments[:, lp:-1], cache=lm.repeat_cache(cache, group_size),
           return_hidden=True, num_positions=t)
       hidden = jnp.concatenate([hidden, rest], axis=1)
+  return _predictors(hidden, traj)
+
+
+def _one_pass(cfg: lm.CausalLM) -> bool:
+  """Whether the model scores shared prompts in one pass (`apply_shared_prefix`, optional in
+  the contract). Not on a mesh: the pass runs all tokens as one row, which the mesh's
+  row sharding cannot split; the prefill-then-cache pair keeps rows apart."""
+  return hasattr(cfg, "apply_shared_prefix") and cfg.activation_mesh is None
+
+
+def _predictors(hidden: jax.Array, traj: Trajectory) -> jax.Array:
+  """f[B, N, D] hidden states after the prompt's last column -> those predicting each scored
+  column, f[B, C, D]."""
+  lp = traj.prompt_width
   rows = predictor_columns(traj.valid, lp) - (lp - 1)
   if traj.reply_spans:
     rows = rows[:, scored_columns(traj) - lp]
