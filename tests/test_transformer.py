@@ -108,12 +108,28 @@ def test_shared_prefix_pass_equals_the_prefill_then_its_repeated_cache(model, pr
   shared = jax.jit(transformer.apply_shared_prefix, static_argnums=7,
                    static_argnames=("group_size",))
   real = prefix_mask[:, :, None]  # a padding query attends to nothing in the prefill
-  for layout in (params, transformer.stack_layers(params)):
+  stacked = transformer.stack_layers(params)
+  for layout, c in ((params, cfg), (stacked, cfg), (stacked, cfg.replace(remat="full"))):
     got_prefix, got = shared(layout, prefix, prefix_positions, prefix_segments, tokens,
-                             positions, segments, cfg, group_size=g)
+                             positions, segments, c, group_size=g)
     np.testing.assert_allclose(np.asarray(got_prefix) * real, np.asarray(want_prefix) * real,
                                atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+
+  # The scanned layers' gradient is the listed layers', stacked.
+  weights = jax.random.normal(jax.random.key(1), want.shape)
+
+  def objective(layout, c):
+    _, hidden = transformer.apply_shared_prefix(layout, prefix, prefix_positions,
+                                                prefix_segments, tokens, positions, segments,
+                                                c, group_size=g)
+    return jnp.sum(hidden * weights)
+
+  grad = jax.jit(jax.grad(objective), static_argnums=1)
+  want_grad = transformer.stack_layers(grad(params, cfg))
+  for c in (cfg, cfg.replace(remat="full")):
+    for a, b in zip(jax.tree.leaves(want_grad), jax.tree.leaves(grad(stacked, c)), strict=True):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
   with pytest.raises(ValueError, match="6 continuation rows are not 2 for each of 2"):
     transformer.apply_shared_prefix(params, prefix, prefix_positions, prefix_segments, tokens,
                                     positions, segments, cfg, group_size=2)
