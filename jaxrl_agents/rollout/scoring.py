@@ -71,7 +71,7 @@ def policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *,
   attention, over the same keys) for a fraction of the prompt's cost, in the
   forward and in the backward pass (the gradient through the repeated cache
   sums over the group). A model with `apply_shared_prefix` (the project's
-  transformer) does this in one pass, the prompts' and replies' tokens through
+  transformer) does this in one pass (off a mesh, replies longer than one token), the prompts' and replies' tokens through
   each layer together; others prefill the prompts, then run the replies
   against the repeated cache.
   """
@@ -119,7 +119,7 @@ def _one_pass(cfg: lm.CausalLM) -> bool:
 
 
 def _predictors(hidden: jax.Array, traj: Trajectory) -> jax.Array:
-  """f[B, N, D] hidden states after the prompt's last column -> those predicting each scored
+  """f[B, N, D] hidden states from the prompt's last column on -> those predicting each scored
   column, f[B, C, D]."""
   lp = traj.prompt_width
   rows = predictor_columns(traj.valid, lp) - (lp - 1)
