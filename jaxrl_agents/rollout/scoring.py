@@ -71,7 +71,8 @@ def policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *,
   attention, over the same keys) for a fraction of the prompt's cost, in the
   forward and in the backward pass (the gradient through the repeated cache
   sums over the group). A model with `apply_shared_prefix` (the project's
-  transformer) does this in one pass (off a mesh, replies longer than one token), the prompts' and replies' tokens through
+  transformer) does this in one pass (off a mesh, replies longer than one
+  token), the prompts' and replies' tokens through
   each layer together; others prefill the prompts, then run the replies
   against the repeated cache.
   """
