@@ -115,6 +115,25 @@ def test_shared_prefix_pass_equals_the_prefill_then_its_repeated_cache(model, pr
     np.testing.assert_allclose(np.asarray(got_prefix) * real, np.asarray(want_prefix) * real,
                                atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+  # Stacked q/k/v and gate/up weights (`fuse_projections`), through the config's member.
+  got_prefix, got = cfg.apply_shared_prefix(transformer.fuse_projections(params), prefix,
+                                            prefix_positions, prefix_segments, tokens, positions,
+                                            segments, group_size=g)
+  np.testing.assert_allclose(np.asarray(got_prefix) * real, np.asarray(want_prefix) * real,
+                             atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+  # bfloat16 compute: the same products in another grouping, so equal up to bf16 rounding.
+  bf16 = cfg.replace(dtype="bfloat16")
+  want_prefix, cache = prefill(params, prefix, prefix_positions, bf16, segment_ids=prefix_segments,
+                               return_hidden=True, new_cache_len=prefix_len + n)
+  want, _ = _apply(params, tokens, positions, bf16, segment_ids=segments,
+                   cache=lm.repeat_cache(cache, g), return_hidden=True)
+  got_prefix, got = shared(params, prefix, prefix_positions, prefix_segments, tokens, positions,
+                           segments, bf16, group_size=g)
+  assert got.dtype == want.dtype == jnp.bfloat16
+  f32 = lambda a: np.asarray(a, np.float32)
+  np.testing.assert_allclose(f32(got_prefix) * real, f32(want_prefix) * real, atol=0.1, rtol=0.05)
+  np.testing.assert_allclose(f32(got), f32(want), atol=0.1, rtol=0.05)
 
   # The scanned layers' gradient is the listed layers', stacked.
   weights = jax.random.normal(jax.random.key(1), want.shape)
@@ -133,6 +152,13 @@ def test_shared_prefix_pass_equals_the_prefill_then_its_repeated_cache(model, pr
   with pytest.raises(ValueError, match="6 continuation rows are not 2 for each of 2"):
     transformer.apply_shared_prefix(params, prefix, prefix_positions, prefix_segments, tokens,
                                     positions, segments, cfg, group_size=2)
+  with pytest.raises(ValueError, match="group_size must be at least 1, got 0"):
+    cfg.apply_shared_prefix(params, prefix, prefix_positions, prefix_segments, tokens,
+                            positions, segments, group_size=0)
+  with pytest.raises(ValueError, match="params have 2 layers, config says 3"):
+    cfg.replace(n_layers=3).apply_shared_prefix(params, prefix, prefix_positions,
+                                                prefix_segments, tokens, positions, segments,
+                                                group_size=g)
 
 
 def test_rope_tables_from_a_table_equal_the_direct_angles():

@@ -142,9 +142,14 @@ class TransformerConfig:
   def lm_head(self, params: Params, hidden: jax.Array) -> jax.Array:
     return lm_head(params, hidden, self)
 
-  def apply_shared_prefix(self, params: Params, *args, **kwargs):
+  def apply_shared_prefix(self, params: Params, prefix_tokens: jax.Array,
+                          prefix_positions: jax.Array, prefix_segments: jax.Array,
+                          tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array, *,
+                          group_size: int, num_positions: int | None = None):
     """Optional member of the contract (`lm` module docstring): `apply_shared_prefix`."""
-    return apply_shared_prefix(params, *args, self, **kwargs)
+    return apply_shared_prefix(params, prefix_tokens, prefix_positions, prefix_segments, tokens,
+                               positions, segment_ids, self, group_size=group_size,
+                               num_positions=num_positions)
 
   def decode_step(self, params: Params, tokens: jax.Array, positions: jax.Array, cache,
                   vocab_major: bool = False):
@@ -468,6 +473,37 @@ REMAT_POLICIES = {
 }
 
 
+def _decoder_layer(x, layer, positions, inv_freq, tables, cfg, dtype, attend):
+  """One pre-norm decoder layer. attend(q, k, v) -> f[..., H * Dh] is the layer's
+  attention, given its queries, keys and values f[B, T, heads, Dh] after RoPE: the one
+  thing the passes (cacheless, cached, shared-prefix) do differently."""
+  h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+  q, k, v = _qkv(h, layer, positions, inv_freq, tables, cfg, dtype)
+  x = x + _dense(attend(q, k, v), layer["wo"], dtype)
+  return x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
+
+
+def _run_layers(x, layers, layer_fn, remat: str):
+  """`x` through every layer, layer_fn(x, layer) each: stacked layers (a dict of
+  f[L, ...]) as one `lax.scan` whose body the backward pass rematerializes by `remat`
+  (`REMAT_POLICIES`), listed ones in order."""
+  if isinstance(layers, dict):
+    body = lambda x, layer: (layer_fn(x, layer), None)
+    if remat != "none":
+      body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
+    return jax.lax.scan(body, x, layers)[0]
+  for layer in layers:
+    x = layer_fn(x, layer)
+  return x
+
+
+def _check_layers(params: Params, cfg: TransformerConfig) -> None:
+  layers = params["layers"]
+  n = next(iter(layers.values())).shape[0] if isinstance(layers, dict) else len(layers)
+  if n != cfg.n_layers:
+    raise ValueError(f"params have {n} layers, config says {cfg.n_layers}")
+
+
 def apply(
     params: Params,
     tokens: jax.Array,
@@ -537,56 +573,23 @@ def apply(
   remat = cfg.remat if remat is None else remat
   if remat not in REMAT_POLICIES:
     raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
-  scan_layers = is_stacked(params) and cache is None and new_cache_len is None
-  if is_stacked(params) and not scan_layers:
+  if is_stacked(params) and (cache is not None or new_cache_len is not None):
     params = unstack_layers(params)  # cache passes index each layer's buffers
-  n_layers = (next(iter(params["layers"].values())).shape[0] if scan_layers
-              else len(params["layers"]))
-  if n_layers != cfg.n_layers:
-    raise ValueError(f"params have {n_layers} layers, config says {cfg.n_layers}")
-
-  def block(x, layer, k_fn):
-    """One pre-norm decoder layer; k_fn(k, v) -> (keys, values, allowed, slots_last)."""
-    h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-    q, k, v = _qkv(h, layer, positions, inv_freq, tables, cfg, dtype)
-    keys, values, allowed, slots_last = k_fn(k, v)
-    attended = _attention(q, keys, values, allowed, cfg, slots_last, causal=cache is None)
-    x = x + _dense(attended, layer["wo"], dtype)
-    return constrain_rows(x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype),
-                          cfg)
+  _check_layers(params, cfg)
+  new_k, new_v = [], []
 
   if cache is None:
     if new_cache_len is not None and new_cache_len < t:
       raise ValueError(f"new_cache_len {new_cache_len} < {t} tokens")
     allowed = lm.attention_allowed(segment_ids)
     heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [B, T, K, Dh] -> [B, K, T, Dh]
-    new_k, new_v = [], []
 
-    def k_fn(k, v):
+    def attend(q, k, v):
       keys, values = heads_first(k), heads_first(v)
-      new_k.append(keys)
-      new_v.append(values)
-      return keys, values, allowed, False
-
-    if scan_layers:
-      def body(x, layer):
-        keys_values = lambda k, v: (heads_first(k), heads_first(v), allowed, False)
-        return block(x, layer, keys_values), None
-
-      if remat != "none":
-        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
-      x, _ = jax.lax.scan(body, x, params["layers"])
-    else:
-      for layer in params["layers"]:
-        x = block(x, layer, k_fn)
-    new_cache = None
-    if new_cache_len is not None:
-      dt = _as_dtype(cache_dtype or cfg.dtype)
-      slots = lambda a: jnp.pad(a.astype(dt), ((0, 0), (0, 0), (0, new_cache_len - t), (0, 0)))
-      key_slots = lambda a: slots(a).transpose(0, 1, 3, 2)
-      new_cache = KVCache(k=tuple(map(key_slots, new_k)), v=tuple(map(slots, new_v)),
-                          valid=jnp.pad(token_valid, ((0, 0), (0, new_cache_len - t))),
-                          index=jnp.int32(t))
+      if new_cache_len is not None:  # a prefill: listed layers, never inside a scan
+        new_k.append(keys)
+        new_v.append(values)
+      return _attention(q, keys, values, allowed, cfg, causal=True)
   else:
     if new_cache_len is not None:
       raise ValueError("new_cache_len is for a prefill without a cache; got a cache too")
@@ -596,24 +599,33 @@ def apply(
     valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
     allowed = lm.cached_attention_allowed(valid, start, t)
     zero = jnp.zeros((), jnp.int32)
-    new_k, new_v = [], []
 
-    def write(i):
-      def k_fn(k, v):
-        # Each layer's buffer is its own array, updated in place (donate the
-        # cache at the jit boundary, or carry it through a while_loop).
-        keys = jax.lax.dynamic_update_slice(
-            cache.k[i], k.transpose(0, 2, 3, 1).astype(cache.k[i].dtype), (zero, zero, zero, start))
-        values = jax.lax.dynamic_update_slice(
-            cache.v[i], v.transpose(0, 2, 1, 3).astype(cache.v[i].dtype), (zero, zero, start, zero))
-        new_k.append(keys)
-        new_v.append(values)
-        return keys, values, allowed, True
-      return k_fn
+    def attend(q, k, v):
+      i = len(new_k)  # the layers run in order: the i-th call is layer i
+      # Each layer's buffer is its own array, updated in place (donate the cache at
+      # the jit boundary, or carry it through a while_loop).
+      keys = jax.lax.dynamic_update_slice(
+          cache.k[i], k.transpose(0, 2, 3, 1).astype(cache.k[i].dtype), (zero, zero, zero, start))
+      values = jax.lax.dynamic_update_slice(
+          cache.v[i], v.transpose(0, 2, 1, 3).astype(cache.v[i].dtype), (zero, zero, start, zero))
+      new_k.append(keys)
+      new_v.append(values)
+      return _attention(q, keys, values, allowed, cfg, slots_last=True)
 
-    for i, layer in enumerate(params["layers"]):
-      x = block(x, layer, write(i))
+  layer_fn = lambda x, layer: constrain_rows(
+      _decoder_layer(x, layer, positions, inv_freq, tables, cfg, dtype, attend), cfg)
+  x = _run_layers(x, params["layers"], layer_fn, remat)
+
+  new_cache = None
+  if cache is not None:
     new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=start + t)
+  elif new_cache_len is not None:
+    dt = _as_dtype(cache_dtype or cfg.dtype)
+    slots = lambda a: jnp.pad(a.astype(dt), ((0, 0), (0, 0), (0, new_cache_len - t), (0, 0)))
+    key_slots = lambda a: slots(a).transpose(0, 1, 3, 2)
+    new_cache = KVCache(k=tuple(map(key_slots, new_k)), v=tuple(map(slots, new_v)),
+                        valid=jnp.pad(token_valid, ((0, 0), (0, new_cache_len - t))),
+                        index=jnp.int32(t))
 
   x = rms_norm(x, params["final_norm"], cfg.norm_eps)
   if return_hidden:
@@ -662,6 +674,8 @@ def apply_shared_prefix(
     as `apply(..., return_hidden=True)` returns them.
   """
   (p, lp), (b, n) = prefix_tokens.shape, tokens.shape
+  if group_size < 1:
+    raise ValueError(f"group_size must be at least 1, got {group_size}")
   if b != p * group_size:
     raise ValueError(f"{b} continuation rows are not {group_size} for each of {p} prefixes")
   if prefix_positions.shape != prefix_tokens.shape or prefix_segments.shape != prefix_tokens.shape:
@@ -669,6 +683,7 @@ def apply_shared_prefix(
                      f"{prefix_tokens.shape}")
   if positions.shape != tokens.shape or segment_ids.shape != tokens.shape:
     raise ValueError(f"positions and segments must have the tokens' shape {tokens.shape}")
+  _check_layers(params, cfg)
   dtype = _as_dtype(cfg.dtype)
   inv_freq = rope_frequencies(cfg)
   # One stream of tokens, prefixes first: [P * Lp + B * N, D] (as one row, for RoPE).
@@ -695,26 +710,17 @@ def apply_shared_prefix(
     return jnp.concatenate([jnp.repeat(heads_first(prefix), group_size, axis=0),
                             heads_first(own)], axis=2)
 
-  def block(x, layer):
-    h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-    q, k, v = _qkv(h, layer, all_positions, inv_freq, tables, cfg, dtype)
+  def attend(q, k, v):
     (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
-    attended = jnp.concatenate([
+    return jnp.concatenate([
         flat(_attention(qp, heads_first(kp), heads_first(vp), prefix_allowed, cfg,
                         causal=True)),
         flat(_attention(qc, with_prefix(kp, kc).transpose(0, 1, 3, 2), with_prefix(vp, vc),
                         allowed, cfg, slots_last=True))], axis=1)
-    x = x + _dense(attended, layer["wo"], dtype)
-    return x + _mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, dtype)
 
-  if is_stacked(params):  # one scanned layer, as `apply`'s cacheless pass runs them
-    body = lambda x, layer: (block(x, layer), None)
-    if cfg.remat != "none":
-      body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat])
-    x, _ = jax.lax.scan(body, x, params["layers"])
-  else:
-    for layer in params["layers"]:
-      x = block(x, layer)
+  layer_fn = lambda x, layer: _decoder_layer(x, layer, all_positions, inv_freq, tables, cfg,
+                                             dtype, attend)
+  x = _run_layers(x, params["layers"], layer_fn, cfg.remat)
   return split(rms_norm(x, params["final_norm"], cfg.norm_eps))
 
 
