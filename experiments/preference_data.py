@@ -8,6 +8,12 @@ With `generation.answer_swaps` > 0, up to that many pairs per question also
 prefer an accepted reply to the same reply with a wrong answer swapped in
 (`preferences.answer_swap_pairs`; they carry "source": "answer_swap"), so the
 answer, not only the form, separates chosen from rejected.
+With `generation.stated_answers` > 0 (tasks in `STATED_ANSWER_FORMS`), each of
+the first `generation.stated_prompts` train questions (0: all) and each
+held-out question also gives that many pairs with no sampling at all: the
+right answer stated in the task's reply form against a plausible wrong one
+(`preferences.stated_answer_pairs`; "source": "stated_answer").
+`generation.train_prompts` may then be 0: no sampled training pairs.
 `generate_pairs` writes to `pairs_dir` (default <workdir>/pairs), once: a
 directory that holds pairs made with other settings is refused, never
 overwritten (a run may be training on them):
@@ -33,7 +39,7 @@ import jax
 import numpy as np
 
 from jaxrl_agents import distributed, registry
-from jaxrl_agents.data import preferences
+from jaxrl_agents.data import arithmetic, preferences
 from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
@@ -67,12 +73,24 @@ def validate(config) -> None:
   if g.group_size < 2:
     raise ValueError(f"generation.group_size must be >= 2 (a pair needs two replies), got "
                      f"{g.group_size}")
+  stated = g.get("stated_answers", 0)
   for key in ("train_prompts", "eval_prompts", "max_pairs_per_prompt", "batch_prompts",
               "max_new_tokens"):
-    if g[key] < 1:
+    if g[key] < (0 if key == "train_prompts" and stated else 1):
       raise ValueError(f"generation.{key} must be >= 1, got {g[key]}")
-  if g.get("answer_swaps", 0) < 0:
-    raise ValueError(f"generation.answer_swaps must be >= 0, got {g.answer_swaps}")
+  for key in ("answer_swaps", "stated_answers", "stated_prompts"):
+    if g.get(key, 0) < 0:
+      raise ValueError(f"generation.{key} must be >= 0, got {g[key]}")
+  family = config.task.split("/")[0]
+  if stated and family not in STATED_ANSWER_FORMS:
+    raise ValueError(f"generation.stated_answers needs a task whose answers can be stated "
+                     f"({sorted(STATED_ANSWER_FORMS)}), got {config.task!r}")
+
+
+# Tasks whose right and wrong answers can be stated without sampling
+# (generation.stated_answers): task family -> (statement(example, answer), mistake(example,
+# rng)).
+STATED_ANSWER_FORMS = {"arithmetic": (arithmetic.statement, arithmetic.mistake)}
 
 
 def grader(config):
@@ -130,13 +148,20 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   train = [train_source[i] for i in range(min(g.train_prompts, len(train_source)))]
   held = [held_source[i] for i in range(min(g.eval_prompts, len(held_source)))]
   n = g.group_size
-  prompts, replies, ok = sample_replies(model, train, config=config, temperature=g.temperature,
-                                        group_size=n, seed=config.seed, desc="train replies",
-                                        progress=progress)
-  train_pairs = preferences.pairs_from_groups(
-      prompts, replies, ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt, seed=config.seed,
-      extra=[{"answer": str(ex["answer"])} for ex in train])
-  train_pairs += _answer_swaps(config, prompts, replies, ok, train, seed=config.seed)
+  train_pairs = []
+  if train:
+    prompts, replies, ok = sample_replies(model, train, config=config,
+                                          temperature=g.temperature, group_size=n,
+                                          seed=config.seed, desc="train replies",
+                                          progress=progress)
+    train_pairs += preferences.pairs_from_groups(
+        prompts, replies, ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt, seed=config.seed,
+        extra=[{"answer": str(ex["answer"])} for ex in train])
+    train_pairs += _answer_swaps(config, prompts, replies, ok, train, seed=config.seed)
+  stated_train = [train_source[i] for i in range(
+      len(train_source) if not g.get("stated_prompts", 0)
+      else min(g.stated_prompts, len(train_source)))]
+  train_pairs += _stated_answers(config, stated_train, seed=config.seed)
   h_prompts, h_replies, h_ok = sample_replies(
       model, held, config=config, temperature=g.temperature, group_size=n,
       seed=config.seed + 10**6, desc="held-out replies", progress=progress)
@@ -144,6 +169,7 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
       h_prompts, h_replies, h_ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt,
       seed=config.seed + 1, extra=[{"answer": str(ex["answer"])} for ex in held])
   eval_pairs += _answer_swaps(config, h_prompts, h_replies, h_ok, held, seed=config.seed + 1)
+  eval_pairs += _stated_answers(config, held, seed=config.seed + 1)
   _, greedy, greedy_ok = sample_replies(model, held, config=config, temperature=0.0,
                                         group_size=1, seed=0, desc="greedy replies",
                                         progress=progress)
@@ -163,9 +189,9 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   preferences.write_pairs(os.path.join(directory, "candidates.jsonl"), candidates)
   with open(os.path.join(directory, "generation.json"), "w") as f:  # last: marks it complete
     json.dump(_generation_settings(config), f, indent=2)
-  log.info("generated %d training and %d held-out pairs in %s (reply accuracy %.3f train, "
+  log.info("generated %d training and %d held-out pairs in %s (reply accuracy %s train, "
            "%.3f held out; greedy %.3f)", len(train_pairs), len(eval_pairs), directory,
-           ok.mean(), h_ok.mean(), greedy_ok.mean())
+           f"{ok.mean():.3f}" if train else "-", h_ok.mean(), greedy_ok.mean())
 
 
 def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[dict]:
@@ -178,8 +204,18 @@ def _answer_swaps(config, prompts, replies, ok, examples, *, seed: int) -> list[
       grade=grader(config))
 
 
+def _stated_answers(config, examples, *, seed: int) -> list[dict]:
+  g = config.generation
+  if not g.get("stated_answers", 0) or not examples:
+    return []
+  state, mistake = STATED_ANSWER_FORMS[config.task.split("/")[0]]
+  return preferences.stated_answer_pairs(
+      single_turn.format_prompts(examples, config.prompt_template), examples,
+      per_prompt=g.stated_answers, seed=seed, state=state, mistake=mistake)
+
+
 # Settings added after data was generated, and the value that data was made with.
-GENERATION_DEFAULTS = {"answer_swaps": 0}
+GENERATION_DEFAULTS = {"answer_swaps": 0, "stated_answers": 0, "stated_prompts": 0}
 
 
 def generate_once(directory: str, settings: dict, generate: Callable[[str], None]) -> None:

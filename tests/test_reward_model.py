@@ -212,6 +212,84 @@ def test_answer_swap_pairs_swap_in_the_groups_own_wrong_answers_and_drop_accepte
                                        grade=lambda t, e: [1.0] * len(t)) == []
 
 
+def test_arithmetic_mistakes_are_wrong_non_negative_and_the_named_slips():
+  import random
+
+  from jaxrl_agents.data import arithmetic
+
+  rng = random.Random(0)
+  for operation, a, b in [("add", 37, 45), ("sub", 51, 10), ("mul", 8, 12), ("sub", 3, 3),
+                          ("add", 0, 0), ("mul", 11, 11)]:
+    right = arithmetic.solve(operation, a, b)
+    got = {arithmetic.mistake({"operation": operation, "a": a, "b": b}, rng)
+           for _ in range(400)}
+    assert right not in got and min(got) >= 0 and len(got) >= 8, (operation, a, b, got)
+  got = {arithmetic.mistake({"operation": "add", "a": 37, "b": 45}, rng) for _ in range(400)}
+  # Off by one, a carry slip, the digits reversed, another operation (37 * 45).
+  assert {81, 83, 72, 92, 28, 1665} <= got
+  got = {arithmetic.mistake({"operation": b"mul", "a": 8, "b": 12}, rng) for _ in range(100)}
+  assert {812, 20} <= got  # the operands side by side; the sum
+  assert arithmetic.statement({"operation": "sub", "a": 51, "b": 10}, 41) == "51 - 10 = 41"
+  assert arithmetic.statement(arithmetic.Problem("mul", 8, 12), "96") == "8 * 12 = 96"
+
+
+def test_stated_answer_pairs_state_the_right_answer_against_a_wrong_one():
+  from jaxrl_agents import registry
+  from jaxrl_agents.data import arithmetic
+
+  examples = [{"question": "What is 37 + 45?", "answer": "82", "operation": "add", "a": 37,
+               "b": 45},
+              {"question": "What is 8 * 12?", "answer": "96", "operation": "mul", "a": 8,
+               "b": 12}]
+  prompts = ["What is 37 + 45? Answer with just the number.", "What is 8 * 12? ..."]
+  make = lambda seed: preferences.stated_answer_pairs(
+      prompts, examples, per_prompt=50, seed=seed, state=arithmetic.statement,
+      mistake=arithmetic.mistake)
+  pairs = make(0)
+  assert len(pairs) == 100 and {p["source"] for p in pairs} == {"stated_answer"}
+  assert [p["prompt"] for p in pairs] == [prompts[0]] * 50 + [prompts[1]] * 50
+  assert {p["chosen"] for p in pairs} == {"37 + 45 = 82", "The answer is 82.", "8 * 12 = 96",
+                                          "The answer is 96."}
+  plain = sum(p["chosen"].startswith("The answer") for p in pairs)
+  assert 8 <= plain <= 35  # plain_share 0.2 of 100
+  grade = registry.get("reward", "math_strict")
+  row_examples = [examples[0]] * 50 + [examples[1]] * 50
+  assert list(grade([p["chosen"] for p in pairs], row_examples)) == [1.0] * 100
+  assert list(grade([p["rejected"] for p in pairs], row_examples)) == [0.0] * 100
+  assert make(0) == pairs and make(1) != pairs
+  with pytest.raises(ValueError, match="mistake.. gave the right answer 82"):
+    preferences.stated_answer_pairs(prompts[:1], examples[:1], per_prompt=1, seed=0,
+                                    state=arithmetic.statement, mistake=lambda ex, rng: 82)
+  with pytest.raises(ValueError, match="2 prompts for 1 examples"):
+    preferences.stated_answer_pairs(prompts, examples[:1], per_prompt=1, seed=0,
+                                    state=arithmetic.statement, mistake=arithmetic.mistake)
+
+
+def test_stated_answers_need_no_sampled_training_pairs(tmp_path):
+  """generation.stated_answers with train_prompts 0: every training pair is a stated one (of
+  the first stated_prompts train questions), the held-out pairs add them beside the sampled
+  ones, and a task without a stated form is refused by name."""
+  config = reward_model_arithmetic.get_config("tiny")
+  config.steps = 1
+  config.generation.train_prompts = 0
+  config.generation.stated_answers, config.generation.stated_prompts = 2, 5
+  rm_experiment.train(config, str(tmp_path / "a"), progress=False)
+  train = preferences.load_pairs(tmp_path / "a" / "pairs" / "train.jsonl")
+  assert len(train) == 10 and {p["source"] for p in train} == {"stated_answer"}
+  held = preferences.load_pairs(tmp_path / "a" / "pairs" / "eval.jsonl")
+  sources = [p.get("source", "sampled") for p in held]
+  assert sources.count("stated_answer") == 2 * config.generation.eval_prompts
+  config.task = "countdown/small"
+  with pytest.raises(ValueError, match="stated_answers needs a task .*'arithmetic'"):
+    rm_experiment.train(config, str(tmp_path / "b"), progress=False)
+  shipped = reward_model_arithmetic.get_config("stated_answers")
+  assert (shipped.generation.train_prompts, shipped.generation.stated_answers) == (0, 1)
+  config = reward_model_arithmetic.get_config("tiny")
+  config.generation.train_prompts = 0
+  with pytest.raises(ValueError, match="generation.train_prompts must be >= 1, got 0"):
+    rm_experiment.train(config, str(tmp_path / "c"), progress=False)
+
+
 def test_pair_accuracy_by_source():
   pairs = [{"source": "answer_swap"}, {"source": "answer_swap"}, {}, {}]
   got = rm_experiment.accuracy_by_source(pairs, [1.0, -1.0, 0.0, 2.0])

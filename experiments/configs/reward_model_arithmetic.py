@@ -12,6 +12,9 @@ whose `group_size` replies are also the best-of-N candidates: each evaluation
 reports the reward model's pick among them against the greedy reply.
 
 Variants (`--config=...reward_model_arithmetic.py:VARIANT`):
+  stated_answers  no sampled training pairs: one stated-answer pair per train question
+         ("37 + 45 = 82" over "37 + 45 = 72", `generation.stated_answers`), 300 steps
+         with the top 16 layers trained; held-out pairs and best-of-N as above.
   tiny   the tiny random model, a few small steps, every artifact (seconds).
 """
 
@@ -50,8 +53,23 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   if variant == "tiny":
     return _tiny(c)
+  if variant == "stated_answers":
+    return _stated_answers(c)
   if variant:
-    raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")
+    raise ValueError(f"unknown variant {variant!r}; expected 'stated_answers', 'tiny' or none")
+  return c
+
+
+def _stated_answers(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A reward model that reads the number: trained only on right-vs-wrong statements of the
+  answer, which need no sampling, so there are as many as there are questions."""
+  c.generation.train_prompts = 0
+  c.generation.answer_swaps = 0
+  c.generation.stated_answers = 1
+  # Stated replies are short; telling a right sum from a wrong one takes more than the
+  # top third of the layers.
+  c.reward_model.update(dict(frozen_layers=14, max_len=64))
+  trainer_common.add_schedule(c, steps=300, learning_rate=3e-5, eval_every=75)
   return c
 
 

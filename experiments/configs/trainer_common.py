@@ -33,7 +33,11 @@ def add_pair_data(c: ml_collections.ConfigDict) -> None:
       batch_prompts=16,
       # Hard negatives per question: an accepted reply against itself with a wrong
       # answer swapped in (0: none), so the answer and not only the form decides.
-      answer_swaps=0))
+      answer_swaps=0,
+      # Pairs with no sampling (arithmetic tasks): the right answer stated in the reply's
+      # form ("37 + 45 = 82") against a plausible wrong one, this many per question of
+      # the first `stated_prompts` train questions (0: all) and of the held-out ones.
+      stated_answers=0, stated_prompts=0))
   c.score_batch_size = 32  # sequences per forward pass when scoring held-out data
 
 

@@ -97,6 +97,41 @@ def question(problem: Problem) -> str:
   return f"What is {problem.a} {SYMBOLS[problem.operation]} {problem.b}?"
 
 
+def statement(example, answer) -> str:
+  """`answer` stated in the equation form a reply takes, e.g. "37 + 45 = 82"; `example` is
+  a Problem or an example's fields (operation, a, b)."""
+  operation = example["operation"] if isinstance(example, dict) else example.operation
+  a, b = (int(example["a"]), int(example["b"])) if isinstance(example, dict) else example[1:]
+  return f"{a} {SYMBOLS[_text(operation)]} {b} = {answer}"
+
+
+def mistake(example, rng: random.Random) -> int:
+  """A plausible wrong (non-negative) answer to `example` (fields operation, a, b): off by
+  1-3, a carry or borrow slip (10, 20, 9 or 11 off), another operation's result, the
+  digits reversed, for a product the operands written side by side ("8 * 12 = 812"), or
+  any number up to twice the answer; what a small model's wrong replies look like."""
+  operation = _text(example["operation"])
+  a, b = int(example["a"]), int(example["b"])
+  y = solve(operation, a, b)
+  kinds = (
+      lambda: y + rng.choice((-3, -2, -1, 1, 2, 3)),
+      lambda: y + rng.choice((-20, -10, 10, 20)),
+      lambda: y + rng.choice((-11, -9, 9, 11)),
+      lambda: solve(rng.choice([o for o in SYMBOLS if o != operation]), a, b),
+      lambda: int(str(y)[::-1]) if y >= 10 else y + 5,
+      lambda: int(f"{a}{b}") if operation == "mul" else rng.randint(0, 2 * max(y, 10)),
+      lambda: rng.randint(0, 2 * max(y, 10)),
+  )
+  while True:  # every kind but the reversal of a palindrome or a zero result moves
+    wrong = rng.choice(kinds)()
+    if wrong >= 0 and wrong != y:
+      return wrong
+
+
+def _text(value) -> str:
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _units(group: Group) -> list[tuple[Problem, ...]]:
   """The group's problems, bundled so that a commutative pair is never split."""
   commutative = group.operation in ("add", "mul")

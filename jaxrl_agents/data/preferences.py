@@ -181,6 +181,45 @@ def answer_swap_pairs(prompts: Sequence[str], responses: Sequence[str],
   return [c for c, v in zip(candidates, verdicts, strict=True) if float(v) <= 0.5]
 
 
+def stated_answer_pairs(prompts: Sequence[str], examples: Sequence[Mapping[str, Any]], *,
+                        per_prompt: int, seed: int, state: Callable[[Mapping, Any], str],
+                        mistake: Callable[[Mapping, random.Random], Any],
+                        plain_share: float = 0.2) -> list[dict[str, Any]]:
+  """Pairs that need no sampling: the right answer stated against a wrong one.
+
+  Answer swaps (`answer_swap_pairs`) need a right sampled reply, so they are
+  few where the model is weak, and a reward model trained on a few hundred of
+  them told a right number from a wrong one little better than chance. Here
+  every question gives `per_prompt` pairs: `state(example, answer)` (the
+  task's reply form, e.g. "37 + 45 = 82") against the same with
+  `mistake(example, rng)`, a plausible wrong answer; a `plain_share` of them
+  in the form "The answer is N.".
+
+  Returns:
+    [{"prompt", "chosen", "rejected", "answer", "source": "stated_answer"}].
+  """
+  if len(prompts) != len(examples):
+    raise ValueError(f"{len(prompts)} prompts for {len(examples)} examples")
+  if per_prompt < 0 or not 0.0 <= plain_share <= 1.0:
+    raise ValueError(f"per_prompt must be >= 0 and plain_share in [0, 1], got {per_prompt} "
+                     f"and {plain_share}")
+  rng = random.Random(seed)
+  pairs = []
+  for prompt, example in zip(prompts, examples, strict=True):
+    answer = str(example["answer"])
+    for _ in range(per_prompt):
+      wrong = str(mistake(example, rng))
+      if wrong == answer:
+        raise ValueError(f"mistake() gave the right answer {answer} for {prompt!r}")
+      if rng.random() < plain_share:
+        chosen, rejected = f"The answer is {answer}.", f"The answer is {wrong}."
+      else:
+        chosen, rejected = state(example, answer), state(example, wrong)
+      pairs.append({"prompt": prompt, "chosen": chosen, "rejected": rejected,
+                    "answer": answer, "source": "stated_answer"})
+  return pairs
+
+
 def _as_text(number) -> str | None:
   """An integer answer as text; None for no answer or a fraction (not swapped in)."""
   if number is None or getattr(number, "denominator", 1) != 1:
