@@ -76,8 +76,9 @@ def validate(config) -> None:
   stated = g.get("stated_answers", 0)
   for key in ("train_prompts", "eval_prompts", "max_pairs_per_prompt", "batch_prompts",
               "max_new_tokens"):
-    if g[key] < (0 if key == "train_prompts" and stated else 1):
-      raise ValueError(f"generation.{key} must be >= 1, got {g[key]}")
+    least = 0 if key == "train_prompts" and stated else 1  # stated pairs alone may train
+    if g[key] < least:
+      raise ValueError(f"generation.{key} must be >= {least}, got {g[key]}")
   for key in ("answer_swaps", "stated_answers", "stated_prompts"):
     if g.get(key, 0) < 0:
       raise ValueError(f"generation.{key} must be >= 0, got {g[key]}")
@@ -158,10 +159,10 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
         prompts, replies, ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt, seed=config.seed,
         extra=[{"answer": str(ex["answer"])} for ex in train])
     train_pairs += _answer_swaps(config, prompts, replies, ok, train, seed=config.seed)
-  stated_train = [train_source[i] for i in range(
-      len(train_source) if not g.get("stated_prompts", 0)
-      else min(g.stated_prompts, len(train_source)))]
-  train_pairs += _stated_answers(config, stated_train, seed=config.seed)
+  if g.get("stated_answers", 0):
+    count = min(g.get("stated_prompts", 0) or len(train_source), len(train_source))
+    train_pairs += _stated_answers(config, [train_source[i] for i in range(count)],
+                                   seed=config.seed)
   h_prompts, h_replies, h_ok = sample_replies(
       model, held, config=config, temperature=g.temperature, group_size=n,
       seed=config.seed + 10**6, desc="held-out replies", progress=progress)
