@@ -230,7 +230,7 @@ def test_arithmetic_mistakes_are_wrong_non_negative_and_the_named_slips():
   got = {arithmetic.mistake({"operation": b"mul", "a": 8, "b": 12}, rng) for _ in range(100)}
   assert {812, 20} <= got  # the operands side by side; the sum
   assert arithmetic.statement({"operation": "sub", "a": 51, "b": 10}, 41) == "51 - 10 = 41"
-  assert arithmetic.statement(arithmetic.Problem("mul", 8, 12), "96") == "8 * 12 = 96"
+  assert arithmetic.statement(arithmetic.Problem("mul", 8, 12)._asdict(), "96") == "8 * 12 = 96"
 
 
 def test_stated_answer_pairs_state_the_right_answer_against_a_wrong_one():

@@ -98,11 +98,10 @@ def question(problem: Problem) -> str:
 
 
 def statement(example, answer) -> str:
-  """`answer` stated in the equation form a reply takes, e.g. "37 + 45 = 82"; `example` is
-  a Problem or an example's fields (operation, a, b)."""
-  operation = example["operation"] if isinstance(example, dict) else example.operation
-  a, b = (int(example["a"]), int(example["b"])) if isinstance(example, dict) else example[1:]
-  return f"{a} {SYMBOLS[_text(operation)]} {b} = {answer}"
+  """`answer` stated in the equation form a reply takes, e.g. "37 + 45 = 82"; `example`
+  holds the fields operation, a, b (an example, or `Problem._asdict()`)."""
+  a, b = int(example["a"]), int(example["b"])
+  return f"{a} {SYMBOLS[_text(example['operation'])]} {b} = {answer}"
 
 
 def mistake(example, rng: random.Random) -> int:
