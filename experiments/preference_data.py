@@ -14,6 +14,11 @@ held-out question also gives that many pairs with no sampling at all: the
 right answer stated in the task's reply form against a plausible wrong one
 (`preferences.stated_answer_pairs`; "source": "stated_answer").
 `generation.train_prompts` may then be 0: no sampled training pairs.
+With `generation.trailing_text` (a share in [0, 1]), that share of the stated
+pairs each also gives a pair with a rejected reply's text after the answer
+(`preferences.trailing_text_pairs`; "source": "trailing_text"), so text after
+the answer neither rescues a wrong one nor earns reward; it needs sampled
+replies (train_prompts >= 1) for its tails.
 `generate_pairs` writes to `pairs_dir` (default <workdir>/pairs), once: a
 directory that holds pairs made with other settings is refused, never
 overwritten (a run may be training on them):
@@ -82,6 +87,13 @@ def validate(config) -> None:
   for key in ("answer_swaps", "stated_answers", "stated_prompts"):
     if g.get(key, 0) < 0:
       raise ValueError(f"generation.{key} must be >= 0, got {g[key]}")
+  trailing = g.get("trailing_text", 0.0)
+  if not 0.0 <= trailing <= 1.0:
+    raise ValueError(f"generation.trailing_text must be a share in [0, 1], got {trailing}")
+  if trailing and not (stated and g.train_prompts):
+    raise ValueError("generation.trailing_text follows stated answers with sampled text: it "
+                     f"needs stated_answers >= 1 (got {stated}) and train_prompts >= 1 (got "
+                     f"{g.train_prompts})")
   family = config.task.split("/")[0]
   if stated and family not in STATED_ANSWER_FORMS:
     raise ValueError(f"generation.stated_answers needs a task whose answers can be stated "
@@ -149,7 +161,7 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   train = [train_source[i] for i in range(min(g.train_prompts, len(train_source)))]
   held = [held_source[i] for i in range(min(g.eval_prompts, len(held_source)))]
   n = g.group_size
-  train_pairs = []
+  train_pairs, prompts, replies, ok = [], [], [], np.zeros(0, np.float32)
   if train:
     prompts, replies, ok = sample_replies(model, train, config=config,
                                           temperature=g.temperature, group_size=n,
@@ -161,8 +173,9 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
     train_pairs += _answer_swaps(config, prompts, replies, ok, train, seed=config.seed)
   if g.get("stated_answers", 0):
     count = min(g.get("stated_prompts", 0) or len(train_source), len(train_source))
-    train_pairs += _stated_answers(config, [train_source[i] for i in range(count)],
-                                   seed=config.seed)
+    stated = _stated_answers(config, [train_source[i] for i in range(count)],
+                             seed=config.seed)
+    train_pairs += stated + _trailing_text(stated, replies, ok, g, seed=config.seed)
   h_prompts, h_replies, h_ok = sample_replies(
       model, held, config=config, temperature=g.temperature, group_size=n,
       seed=config.seed + 10**6, desc="held-out replies", progress=progress)
@@ -170,7 +183,8 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
       h_prompts, h_replies, h_ok, n, max_pairs_per_prompt=g.max_pairs_per_prompt,
       seed=config.seed + 1, extra=[{"answer": str(ex["answer"])} for ex in held])
   eval_pairs += _answer_swaps(config, h_prompts, h_replies, h_ok, held, seed=config.seed + 1)
-  eval_pairs += _stated_answers(config, held, seed=config.seed + 1)
+  stated = _stated_answers(config, held, seed=config.seed + 1)
+  eval_pairs += stated + _trailing_text(stated, h_replies, h_ok, g, seed=config.seed + 1)
   _, greedy, greedy_ok = sample_replies(model, held, config=config, temperature=0.0,
                                         group_size=1, seed=0, desc="greedy replies",
                                         progress=progress)
@@ -215,8 +229,21 @@ def _stated_answers(config, examples, *, seed: int) -> list[dict]:
       per_prompt=g.stated_answers, seed=seed, state=state, mistake=mistake)
 
 
+def _trailing_text(stated, replies, ok, g, *, seed: int) -> list[dict]:
+  """Trailing-text pairs from stated ones; the tails are the replies the grader rejected
+  (mostly the model's rambles: the text a policy would learn to append)."""
+  if not g.get("trailing_text", 0.0) or not stated:
+    return []
+  tails = [r for r, v in zip(replies, ok, strict=True) if v <= 0.5 and r.strip()]
+  if not tails:
+    raise ValueError("generation.trailing_text: the grader rejected no sampled reply, so "
+                     "there is no text to append; raise train_prompts")
+  return preferences.trailing_text_pairs(stated, tails, share=g.trailing_text, seed=seed)
+
+
 # Settings added after data was generated, and the value that data was made with.
-GENERATION_DEFAULTS = {"answer_swaps": 0, "stated_answers": 0, "stated_prompts": 0}
+GENERATION_DEFAULTS = {"answer_swaps": 0, "stated_answers": 0, "stated_prompts": 0,
+                       "trailing_text": 0.0}
 
 
 def generate_once(directory: str, settings: dict, generate: Callable[[str], None]) -> None:

@@ -265,6 +265,37 @@ def test_stated_answer_pairs_state_the_right_answer_against_a_wrong_one():
                                     state=arithmetic.statement, mistake=arithmetic.mistake)
 
 
+def test_trailing_text_pairs_rank_right_over_right_with_text_over_wrong_with_text():
+  from jaxrl_agents import registry
+
+  example = {"question": "What is 37 + 45?", "answer": "82"}
+  stated = [{"prompt": "p", "chosen": "37 + 45 = 82", "rejected": "37 + 45 = 72",
+             "answer": "82", "source": "stated_answer"}] * 300
+  tails = ["This code is an example of a sum.", "  ", "This code is an example of a sum."]
+  pairs = preferences.trailing_text_pairs(stated, tails, share=1.0, seed=0)
+  assert len(pairs) == 300 and {p["source"] for p in pairs} == {"trailing_text"}
+  kinds = {(p["chosen"], p["rejected"]) for p in pairs}
+  for sep in ("\n\n", " "):
+    tail = sep + "This code is an example of a sum."
+    assert kinds >= {("37 + 45 = 82", "37 + 45 = 72" + tail),
+                     ("37 + 45 = 82" + tail, "37 + 45 = 72" + tail),
+                     ("37 + 45 = 82", "37 + 45 = 82" + tail)}
+  assert len(kinds) == 6  # three kinds x two separators, one tail (blank ones dropped)
+  # The strict grader never prefers the rejected reply: a tail hides the final statement.
+  grade = registry.get("reward", "math_strict")
+  chosen = grade([p["chosen"] for p in pairs], [example] * 300)
+  rejected = grade([p["rejected"] for p in pairs], [example] * 300)
+  assert all(c >= r for c, r in zip(chosen, rejected, strict=True)) and not any(rejected)
+  assert preferences.trailing_text_pairs(stated, tails, share=1.0, seed=0) == pairs
+  some = preferences.trailing_text_pairs(stated, tails, share=0.5, seed=1)
+  assert 100 <= len(some) <= 200
+  assert preferences.trailing_text_pairs(stated, tails, share=0.0, seed=0) == []
+  with pytest.raises(ValueError, match="share must be in"):
+    preferences.trailing_text_pairs(stated, tails, share=1.5, seed=0)
+  with pytest.raises(ValueError, match="no tails"):
+    preferences.trailing_text_pairs(stated, [" "], share=0.5, seed=0)
+
+
 def test_stated_answers_need_no_sampled_training_pairs(tmp_path):
   """generation.stated_answers with train_prompts 0: every training pair is a stated one (of
   the first stated_prompts train questions), the held-out pairs add them beside the sampled
@@ -288,6 +319,24 @@ def test_stated_answers_need_no_sampled_training_pairs(tmp_path):
   config.generation.train_prompts = 0
   with pytest.raises(ValueError, match="generation.train_prompts must be >= 1, got 0"):
     rm_experiment.train(config, str(tmp_path / "c"), progress=False)
+  config.generation.stated_answers, config.generation.trailing_text = 1, 0.5
+  with pytest.raises(ValueError, match="trailing_text .* train_prompts >= 1 .got 0"):
+    rm_experiment.train(config, str(tmp_path / "d"), progress=False)
+  # Every stated pair also gives a trailing-text pair at share 1, its tail a rejected reply.
+  config.generation.train_prompts, config.generation.stated_prompts = 2, 5
+  config.generation.trailing_text, config.steps = 1.0, 1
+  rm_experiment.train(config, str(tmp_path / "f"), progress=False)
+  for split, stated in (("train", 5), ("eval", config.generation.eval_prompts)):
+    pairs = preferences.load_pairs(tmp_path / "f" / "pairs" / f"{split}.jsonl")
+    assert sum(p.get("source") == "trailing_text" for p in pairs) == stated
+  candidates = [json.loads(line) for line in open(tmp_path / "f" / "pairs" / "candidates.jsonl")]
+  tails = {r.strip() for c in candidates for r, ok in zip(c["replies"], c["correct"])
+           if ok <= 0.5 and r.strip()}
+  trailing = [p for p in pairs if p.get("source") == "trailing_text"]
+  assert tails and all(any(p["rejected"].endswith(t) for t in tails) for p in trailing)
+  config.generation.train_prompts, config.generation.trailing_text = 2, 1.5
+  with pytest.raises(ValueError, match="trailing_text must be a share in .0, 1., got 1.5"):
+    rm_experiment.train(config, str(tmp_path / "e"), progress=False)
 
 
 def test_pair_accuracy_by_source():

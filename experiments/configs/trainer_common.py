@@ -37,7 +37,11 @@ def add_pair_data(c: ml_collections.ConfigDict) -> None:
       # Pairs with no sampling (arithmetic tasks): the right answer stated in the reply's
       # form ("37 + 45 = 82") against a plausible wrong one, this many per question of
       # the first `stated_prompts` train questions (0: all) and of the held-out ones.
-      stated_answers=0, stated_prompts=0))
+      stated_answers=0, stated_prompts=0,
+      # That share of the stated pairs also gives one with a rejected reply's text after
+      # the answer (right over wrong + text, right + text over wrong + text, right over
+      # right + text), so appended text pays nothing; needs train_prompts >= 1.
+      trailing_text=0.0))
   c.score_batch_size = 32  # sequences per forward pass when scoring held-out data
 
 

@@ -8,7 +8,9 @@ From a JSONL file, one pair per line (any other fields are kept):
 or built from sampled responses to verifiable tasks (`pairs_from_groups`): for
 each prompt, a response the grader accepts against one it rejects; and
 `answer_swap_pairs` adds hard negatives, an accepted response against the same
-text with its answer changed.
+text with its answer changed; `stated_answer_pairs` states a right and a wrong
+answer with no sampling; `trailing_text_pairs` follows such replies with text,
+which must not pay.
 
 `encode_texts` / `encode_pairs` turn (prompt, response) texts into the token
 sequences reward models and preference losses read.
@@ -218,6 +220,46 @@ def stated_answer_pairs(prompts: Sequence[str], examples: Sequence[Mapping[str, 
       pairs.append({"prompt": prompt, "chosen": chosen, "rejected": rejected,
                     "answer": answer, "source": "stated_answer"})
   return pairs
+
+
+def trailing_text_pairs(pairs: Sequence[Mapping[str, Any]], tails: Sequence[str], *,
+                        share: float, seed: int) -> list[dict[str, Any]]:
+  """Text after the answer neither rescues a wrong answer nor earns reward.
+
+  A policy trained on a reward model that had seen only one-line statements
+  learned to follow its equation with a ramble ("61 - 12 = 18" and a paragraph),
+  which that reward model scored above the bare right statement. Here a `share`
+  of `pairs` (a right reply over a wrong one, e.g. `stated_answer_pairs`) each
+  gives one pair of these kinds, drawn at random, with a tail from `tails` (the
+  model's own replies) after a blank line or a space:
+
+    right          over  wrong + tail   a tail does not rescue a wrong answer
+    right + tail   over  wrong + tail   the answer decides, tail or not
+    right          over  right + tail   the prompt asks for the answer alone
+
+  so right > right + tail > wrong + tail, the order the strict grader agrees
+  with (it reads a reply's final statement, which a tail removes).
+
+  Returns:
+    [{"prompt", "chosen", "rejected", "answer", "source": "trailing_text"}].
+  """
+  if not 0.0 <= share <= 1.0:
+    raise ValueError(f"share must be in [0, 1], got {share}")
+  tails = sorted({t.strip() for t in tails if t.strip()})
+  if share and pairs and not tails:
+    raise ValueError("no tails to append (every given reply is empty)")
+  rng = random.Random(seed)
+  out = []
+  for pair in pairs:
+    if rng.random() >= share:
+      continue
+    tail = rng.choice(("\n\n", " ")) + rng.choice(tails)
+    right, wrong = pair["chosen"], pair["rejected"]
+    chosen, rejected = rng.choice(((right, wrong + tail), (right + tail, wrong + tail),
+                                   (right, right + tail)))
+    out.append({"prompt": pair["prompt"], "chosen": chosen, "rejected": rejected,
+                "answer": pair.get("answer"), "source": "trailing_text"})
+  return out
 
 
 def _as_text(number) -> str | None:
