@@ -330,7 +330,7 @@ def test_stated_answers_need_no_sampled_training_pairs(tmp_path):
     pairs = preferences.load_pairs(tmp_path / "f" / "pairs" / f"{split}.jsonl")
     assert sum(p.get("source") == "trailing_text" for p in pairs) == stated
   candidates = [json.loads(line) for line in open(tmp_path / "f" / "pairs" / "candidates.jsonl")]
-  tails = {r.strip() for c in candidates for r, ok in zip(c["replies"], c["correct"])
+  tails = {r.strip() for c in candidates for r, ok in zip(c["replies"], c["correct"], strict=True)
            if ok <= 0.5 and r.strip()}
   trailing = [p for p in pairs if p.get("source") == "trailing_text"]
   assert tails and all(any(p["rejected"].endswith(t) for t in tails) for p in trailing)
