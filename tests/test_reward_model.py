@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import preference_data
 from experiments import reward_model as rm_experiment
 from experiments.configs import reward_model_arithmetic
 from jaxrl_agents import best_of_n
@@ -315,6 +316,10 @@ def test_stated_answers_need_no_sampled_training_pairs(tmp_path):
     rm_experiment.train(config, str(tmp_path / "b"), progress=False)
   shipped = reward_model_arithmetic.get_config("stated_answers")
   assert (shipped.generation.train_prompts, shipped.generation.stated_answers) == (0, 1)
+  mixed = reward_model_arithmetic.get_config("reads_the_number")
+  assert (mixed.generation.train_prompts, mixed.generation.trailing_text, mixed.steps) == (
+      300, 0.5, 300)
+  preference_data.validate(mixed)
   config = reward_model_arithmetic.get_config("tiny")
   config.generation.train_prompts = 0
   with pytest.raises(ValueError, match="generation.train_prompts must be >= 1, got 0"):

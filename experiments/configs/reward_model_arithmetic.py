@@ -15,6 +15,11 @@ Variants (`--config=...reward_model_arithmetic.py:VARIANT`):
   stated_answers  no sampled training pairs: one stated-answer pair per train question
          ("37 + 45 = 82" over "37 + 45 = 72", `generation.stated_answers`), 300 steps
          with the top 16 layers trained; held-out pairs and best-of-N as above.
+  reads_the_number  the stated pairs beside the model's own: 300 sampled questions
+         (their pairs and two answer swaps each), a stated pair per train question,
+         and for half of those a pair with a rejected reply appended
+         (`generation.trailing_text`), so text after the answer does not pay; 300
+         steps. The reward model for GRPO with a learned reward alone.
   tiny   the tiny random model, a few small steps, every artifact (seconds).
 """
 
@@ -55,8 +60,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     return _tiny(c)
   if variant == "stated_answers":
     return _stated_answers(c)
+  if variant == "reads_the_number":
+    return _reads_the_number(_stated_answers(c))
   if variant:
-    raise ValueError(f"unknown variant {variant!r}; expected 'stated_answers', 'tiny' or none")
+    raise ValueError(f"unknown variant {variant!r}; expected 'stated_answers', "
+                     "'reads_the_number', 'tiny' or none")
   return c
 
 
@@ -70,6 +78,16 @@ def _stated_answers(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   # top third of the layers.
   c.reward_model.update(dict(frozen_layers=14, max_len=64))
   trainer_common.add_schedule(c, steps=300, learning_rate=3e-5, eval_every=75)
+  return c
+
+
+def _reads_the_number(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Stated pairs alone let a policy win with text after the equation, and sampled pairs
+  beside them (150 steps) left a reward model that knew the form but not the number: this
+  mix, with trailing-text pairs, for 300 steps."""
+  c.generation.update(dict(train_prompts=300, answer_swaps=2, trailing_text=0.5))
+  c.reward_model.max_len = 96  # a reply with text after it keeps its equation
+  c.eval_every = 150
   return c
 
 
