@@ -161,7 +161,7 @@ def generate_pairs(config, model: zoo.Model, directory: str, progress: bool = Tr
   train = [train_source[i] for i in range(min(g.train_prompts, len(train_source)))]
   held = [held_source[i] for i in range(min(g.eval_prompts, len(held_source)))]
   n = g.group_size
-  train_pairs, prompts, replies, ok = [], [], [], np.zeros(0, np.float32)
+  train_pairs, replies, ok = [], [], []  # replies, ok: the tails of trailing-text pairs
   if train:
     prompts, replies, ok = sample_replies(model, train, config=config,
                                           temperature=g.temperature, group_size=n,
@@ -234,7 +234,7 @@ def _trailing_text(stated, replies, ok, g, *, seed: int) -> list[dict]:
   (mostly the model's rambles: the text a policy would learn to append)."""
   if not g.get("trailing_text", 0.0) or not stated:
     return []
-  tails = [r for r, v in zip(replies, ok, strict=True) if v <= 0.5 and r.strip()]
+  tails = [r for r, v in zip(replies, ok, strict=True) if v <= 0.5]
   if not tails:
     raise ValueError("generation.trailing_text: the grader rejected no sampled reply, so "
                      "there is no text to append; raise train_prompts")

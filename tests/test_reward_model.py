@@ -334,12 +334,14 @@ def test_stated_answers_need_no_sampled_training_pairs(tmp_path):
   for split, stated in (("train", 5), ("eval", config.generation.eval_prompts)):
     pairs = preferences.load_pairs(tmp_path / "f" / "pairs" / f"{split}.jsonl")
     assert sum(p.get("source") == "trailing_text" for p in pairs) == stated
+  # The held-out pairs' tails are held-out replies the grader rejected.
+  held = preferences.load_pairs(tmp_path / "f" / "pairs" / "eval.jsonl")
   candidates = [json.loads(line) for line in open(tmp_path / "f" / "pairs" / "candidates.jsonl")]
   tails = {r.strip() for c in candidates for r, ok in zip(c["replies"], c["correct"], strict=True)
            if ok <= 0.5 and r.strip()}
-  trailing = [p for p in pairs if p.get("source") == "trailing_text"]
+  trailing = [p for p in held if p.get("source") == "trailing_text"]
   assert tails and all(any(p["rejected"].endswith(t) for t in tails) for p in trailing)
-  config.generation.train_prompts, config.generation.trailing_text = 2, 1.5
+  config.generation.trailing_text = 1.5
   with pytest.raises(ValueError, match="trailing_text must be a share in .0, 1., got 1.5"):
     rm_experiment.train(config, str(tmp_path / "e"), progress=False)
 
