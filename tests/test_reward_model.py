@@ -515,6 +515,16 @@ def test_a_trained_reward_model_is_grpos_reward(tmp_path):
   with pytest.raises(FileNotFoundError, match="not the workdir of a reward-model run"):
     grpo.train(grpo_config, str(tmp_path / "grpo2"), progress=False)
 
+  # The shipped variant, as measured (README): the reward model alone, KL 0.1, the entropy
+  # gate and a rate decayed over 30 training minutes.
+  variant = grpo_arithmetic.get_config("reward_model")
+  variant.rewards.reward_model.workdir = rm_dir
+  grpo.validate(variant)
+  assert set(variant.rewards) == {"reward_model"} and variant.kl_coef == 0.1
+  assert (variant.token_control.name, variant.token_control.frac) == ("entropy_gate", 0.2)
+  assert (variant.optimizer.decay, variant.optimizer.clock) == ("cosine", "train_time")
+  assert (variant.time_budget_s, variant.eval_every_s) == (1800.0, 600.0)
+
 
 def test_best_of_n_evaluation_with_the_grader_as_reward_picks_a_right_reply_when_any(tmp_path):
   """Choosing with the grader itself, best-of-N equals pass@N; the files name every pick."""
