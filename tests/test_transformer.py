@@ -318,6 +318,38 @@ def test_causal_attention_in_query_blocks_equals_one_block(model, monkeypatch):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("n_in,n_out", [(24, 40), (40, 24)])  # both weight-gradient layouts
+@pytest.mark.parametrize("x_dtype,w_dtype,dtype,out_dtype", [
+    ("float32", "float32", "float32", "float32"),
+    ("float32", "float32", "bfloat16", "bfloat16"),  # bf16 compute, f32 params
+    ("bfloat16", "float32", "bfloat16", "float32"),  # the head: f32 logits
+])
+def test_projection_gradients_equal_the_einsums(n_in, n_out, x_dtype, w_dtype, dtype, out_dtype):
+  """transformer.project has its own derivative (the weight gradient's layout): its values
+  and gradients equal autodiff of the einsum it computes, in the inputs' dtypes."""
+  kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (3, 5, n_in)).astype(x_dtype)
+  w = jax.random.normal(kw, (n_out, n_in)).astype(w_dtype)
+  cot = jax.random.normal(kg, (3, 5, n_out))
+  dtype, out_dtype = jnp.dtype(dtype), jnp.dtype(out_dtype)
+
+  def einsum(x, w):
+    return jnp.einsum("...i,oi->...o", x.astype(dtype), w.astype(dtype),
+                      preferred_element_type=jnp.float32).astype(out_dtype)
+
+  def loss(f):
+    return lambda x, w: (f(x, w).astype(jnp.float32) * cot).sum()
+
+  got = jax.grad(loss(lambda x, w: transformer.project(x, w, dtype, out_dtype)), (0, 1))(x, w)
+  want = jax.grad(loss(einsum), (0, 1))(x, w)
+  np.testing.assert_array_equal(transformer.project(x, w, dtype, out_dtype), einsum(x, w))
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  for g, ref, primal in zip(got, want, (x, w)):
+    assert g.dtype == primal.dtype and g.shape == primal.shape
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(ref, np.float32),
+                               rtol=tol, atol=tol * float(jnp.abs(ref.astype(jnp.float32)).max()))
+
+
 def test_bfloat16_compute_is_close_to_float32(tiny_model):
   cfg, params = tiny_model.cfg, tiny_model.params
   tokens = np.arange(3, 19, dtype=np.int32)[None]
