@@ -344,7 +344,7 @@ def test_projection_gradients_equal_the_einsums(n_in, n_out, x_dtype, w_dtype, d
   want = jax.grad(loss(einsum), (0, 1))(x, w)
   np.testing.assert_array_equal(transformer.project(x, w, dtype, out_dtype), einsum(x, w))
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
-  for g, ref, primal in zip(got, want, (x, w)):
+  for g, ref, primal in zip(got, want, (x, w), strict=True):
     assert g.dtype == primal.dtype and g.shape == primal.shape
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(ref, np.float32),
                                rtol=tol, atol=tol * float(jnp.abs(ref.astype(jnp.float32)).max()))
