@@ -21,7 +21,7 @@ the README's "Main job" section. Other GRPO and PPO configs build on
 Variants (`--config=...grpo_arithmetic.py:VARIANT`):
   reward_model   the reward is a trained reward model alone (no verifier): the run of
          `experiments/reward_model.py` in --config.rewards.reward_model.workdir
-         (default runs/rm_arithmetic; train it with
+         (default runs/rm_reads, as the README trains it with
          reward_model_arithmetic.py:reads_the_number), its checkpoint `step` (0: the
          newest); KL 0.1 to the initial policy, the main job's entropy gate, the rate
          decayed to 0 over 30 training minutes, evaluated every 10.
@@ -46,12 +46,18 @@ import ml_collections
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   """The main job (no variant) or a variant of it (see the module docstring)."""
   c = base_config(variant)
-  if variant is None:
+  if variant in (None, "reward_model"):
     # Exploration controls chosen by measurement (benchmarks/entropy_control.py, the
     # README's "Keeping the policy exploring"): the gradient only through the 20%
     # highest-entropy policy tokens, and the learning rate decayed to 0 over the run.
     c.token_control.update(name="entropy_gate", frac=0.2)
     c.optimizer.decay = "cosine"
+  if variant == "reward_model":
+    # Against a learned reward they keep the policy from settling on one confident near
+    # miss; the decay runs over the 30 training minutes. Measured with
+    # `reward_model_arithmetic.py:reads_the_number` (README): 0.32 -> 0.36 / 0.54 / 0.50
+    # at 30 minutes in seeds 0 / 1 / 2.
+    c.optimizer.clock = "train_time"
   return c
 
 
@@ -194,17 +200,11 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   if variant == "reward_model":
     # A trained reward model is the only reward; the grader still measures accuracy.
     c.rewards = ml_collections.ConfigDict(
-        {"reward_model": {"weight": 1.0, "workdir": "runs/rm_arithmetic", "step": 0}})
+        {"reward_model": {"weight": 1.0, "workdir": "runs/rm_reads", "step": 0}})
     # The policy finds what the reward model overrates (a wrong number in the right
     # form, text after the answer) within minutes: a KL penalty to the initial policy
-    # slows that, and the main job's exploration controls (the entropy gate, the rate
-    # decayed to 0 over the 30 training minutes) keep it from settling on one
-    # confident near miss. Measured with `reward_model_arithmetic.py:reads_the_number`
-    # (README): 0.32 -> 0.36 / 0.54 / 0.50 at 30 minutes in seeds 0 / 1 / 2.
+    # slows that (get_config adds the main job's exploration controls).
     c.kl_coef = 0.1
-    c.token_control.update(name="entropy_gate", frac=0.2)
-    c.optimizer.decay = "cosine"
-    c.optimizer.clock = "train_time"
     c.time_budget_s = 1800.0
     c.eval_every, c.eval_every_s = 0, 600.0
     c.steps = 1000

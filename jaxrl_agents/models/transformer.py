@@ -352,8 +352,10 @@ def project(x: jax.Array, w: jax.Array, dtype, out_dtype) -> jax.Array:
   """f[..., out] = x f[..., in] times w f[out, in] transposed: both in `dtype`, float32
   accumulation, the result in `out_dtype`.
 
-  The same values and gradients as the einsum, but the weight's gradient contracts
-  the rows with the narrower of x and the output's gradient transposed (`_project_bwd`).
+  The einsum's values and gradients (in float32 exactly; with a narrower compute dtype
+  the gradients are summed in float32 and rounded once, to the inputs' dtypes), but
+  the weight's gradient contracts the rows with the narrower of x and the output's
+  gradient transposed (`_project_bwd`).
   XLA:CPU's own derivative always transposes the output's gradient, and where that
   gradient comes out of an elementwise fusion (SiLU's derivative) it writes it
   transposed at a fraction of memory speed: SmolLM2's MLP (8 x 256 tokens, f32,
