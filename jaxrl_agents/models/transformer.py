@@ -352,10 +352,10 @@ def project(x: jax.Array, w: jax.Array, dtype, out_dtype) -> jax.Array:
   """f[..., out] = x f[..., in] times w f[out, in] transposed: both in `dtype`, float32
   accumulation, the result in `out_dtype`.
 
-  In float32 the einsum's values and gradients exactly. The backward's products run in
-  `dtype` too: with a narrower compute dtype the output's gradient is rounded to it
-  first (for the LM head, whose logits are float32, as torch's autocast does), and the
-  gradients are summed in float32 and rounded once, to the inputs' dtypes.
+  In float32 the einsum's values and gradients exactly. In bfloat16 the backward's
+  products run in bf16 too: the output's gradient is rounded to it first (for the LM
+  head, whose logits are float32, as torch's autocast does), and the gradients are
+  summed in float32 and rounded once, to the inputs' dtypes.
 
   The weight's gradient contracts the rows with the narrower of x and the output's
   gradient transposed (`_project_bwd`). XLA:CPU's own derivative always transposes the
@@ -364,7 +364,8 @@ def project(x: jax.Array, w: jax.Array, dtype, out_dtype) -> jax.Array:
   SmolLM2's MLP (8 x 256 tokens, f32, forward and backward) took 88-90 ms with it and
   67-69 ms this way on a 2-core AMD EPYC (Zen 5), about the time of its matrix
   products alone. In bf16 the transposed operand is materialized row-major
-  (`_row_major_transpose`), which keeps the product in bf16.
+  (`_row_major_transpose`), which keeps the product in bf16. (float16 keeps the
+  einsum's derivative: its products in the wider dtype.)
   """
   return _project_fwd(x, w, dtype, out_dtype)[0]
 
@@ -379,24 +380,29 @@ def _project_fwd(x, w, dtype, out_dtype):
 
 def _project_bwd(dtype, out_dtype, residuals, dy):
   xc, wc, (x_like, w_like) = residuals
+  bf16 = jnp.dtype(dtype) == jnp.bfloat16
   # dy has out_dtype; in `dtype` it is exact when the two agree (the forward rounded to
-  # it). The LM head's float32 logits gradient is rounded here: its products in f32
-  # took 0.75 of the 4.3 s bf16 SmolLM2 train step (8 x 256) on a 2-core Zen 5.
-  g = dy.astype(dtype)
+  # it). In bf16 the LM head's float32 logits gradient is rounded here (bf16 has f32's
+  # exponent range): its products in f32 took 0.75 s of the 4.3 s bf16 SmolLM2 train
+  # step (8 x 256) on a 2-core Zen 5. float16 would flush its smallest entries to zero,
+  # so there the products run in the wider dtype, as the einsum's derivative does.
+  g = dy.astype(dtype if bf16 else jnp.promote_types(dy.dtype, dtype))
+  xc, wc = xc.astype(g.dtype), wc.astype(g.dtype)
   dx = jnp.einsum("...o,oi->...i", g, wc, preferred_element_type=jnp.float32)
   n_in, n_out = wc.shape[1], wc.shape[0]
   # Rows flattened first: contracting [B, T] as two axes gave a bf16 x bf16 -> f32 product
   # that XLA:CPU's plain dot does not implement (UNIMPLEMENTED in the bf16 train step),
   # and f32 ran slower that way (SmolLM2 train step 364 against 393 tok/s).
   x2, g2 = xc.reshape(-1, n_in), g.reshape(-1, n_out)
-  if jnp.dtype(dtype).itemsize >= 4:
+  if not bf16:
     if n_in <= n_out:  # transpose x's rows, then the [in, out] product
       dw = jnp.einsum("ni,no->io", x2, g2, preferred_element_type=jnp.float32).T
     else:
       dw = jnp.einsum("no,ni->oi", g2, x2, preferred_element_type=jnp.float32)
   elif n_in <= n_out:
-    dw = _row_major_transpose(
-        jnp.einsum("in,no->io", _row_major_transpose(x2), g2, preferred_element_type=jnp.float32))
+    dw_t = jnp.einsum("in,no->io", _row_major_transpose(x2), g2,
+                      preferred_element_type=jnp.float32)
+    dw = _row_major_transpose(dw_t.astype(w_like.dtype))
   else:
     dw = jnp.einsum("on,ni->oi", _row_major_transpose(g2), x2, preferred_element_type=jnp.float32)
   return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
@@ -411,6 +417,8 @@ def _row_major_transpose(a: jax.Array) -> jax.Array:
   fails (UNIMPLEMENTED: BF16 x BF16 = F32). A 3-d view transposed and reshaped back
   arrives row-major. SmolLM2's weight gradients (2048 rows, bf16) took 4-6 ms instead
   of 10-11 ms each this way, the LM head's 0.22 s instead of 0.49 s (2-core Zen 5).
+  A workaround for XLA:CPU's layouts: on an accelerator it is an ordinary transpose,
+  not measured there.
   """
   m, n = a.shape
   return jnp.moveaxis(a[..., None], 0, 1).reshape(n, m)
