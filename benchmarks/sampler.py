@@ -91,17 +91,18 @@ def ours_runner(model, ids, dtype, bs, shared_prefix=True):
   return timed(run)
 
 
-def hf_runner(hf_model, ids, pad_id, bs):
+def hf_runner(hf_model, ids, pad_id, bs, device="cpu"):
   import torch
 
   tokens, mask = tokenizer_lib.pad_left(ids[:bs], pad_id)
-  tokens_t = torch.tensor(tokens, dtype=torch.long)
-  mask_t = torch.tensor(mask, dtype=torch.long)
+  tokens_t = torch.tensor(tokens, dtype=torch.long, device=device)
+  mask_t = torch.tensor(mask, dtype=torch.long, device=device)
 
   def run():
     with torch.no_grad():
       out = hf_model.generate(tokens_t, attention_mask=mask_t, max_new_tokens=NEW_TOKENS,
                               min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad_id)
+    out = out.cpu()  # on a GPU: waits for the last kernel, inside the timing
     assert out.shape[1] == tokens_t.shape[1] + NEW_TOKENS
   return timed(run)
 
