@@ -65,6 +65,9 @@ class GRPOBatch(NamedTuple):
   # The reward model's labelled pairs of this step's replies (reward_beside.RewardModelBeside
   # .batch), or None: it trains on them after the policy's update.
   reward_pairs: Any = None
+  # config.pack_replies: bool[M], whose length M is the static number of packed slots
+  # per minibatch (`scoring.packed_slots`); None: the update scores padded rows.
+  packed_slots: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,10 @@ class GRPOSettings:
     group_size: G.
     epochs, minibatches: passes over the batch and updates per pass.
     share_prompt: run each group's prompt through the model once per update.
+    pack_replies: with share_prompt, the update runs only the reply tokens, packed
+      into one stream (`scoring.packed_policy_logits`), not B rows of the longest
+      reply's width; where packing does not apply (multi-turn blocks, a mesh) the
+      rows stay padded.
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
@@ -100,6 +107,7 @@ class GRPOSettings:
   epochs: int = 1
   minibatches: int = 1
   share_prompt: bool = False
+  pack_replies: bool = False
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -158,6 +166,10 @@ TURN_CREDITS = ("episode", "turn", "gigpo", "igpo")
 # train state), so the first mover's edge is not credited to its moves. advantage_kwargs:
 # decay (the paper's 0.95).
 ROLE_ADVANTAGE = self_play.ADVANTAGE
+# config.pack_replies: the packed slots are a multiple of 1/PACKED_STEPS of a minibatch's
+# padded reply tokens, so a run compiles its update for at most this many slot counts
+# per reply width.
+PACKED_STEPS = 8
 ROLES = self_play.PLAYERS
 
 
@@ -181,6 +193,9 @@ def settings_from_config(config) -> GRPOSettings:
   if name != "fixed" and not config.kl_coef > 0:
     raise ValueError(f"kl_controller {name!r} moves the KL coefficient from kl_coef: set "
                      f"kl_coef > 0 (got {config.kl_coef})")
+  if config.get("pack_replies", False) and not config.get("share_prompt", False):
+    raise ValueError("pack_replies packs the replies after each group's shared prompt: it "
+                     "needs share_prompt=True")
   rows = config.prompts_per_step * config.group_size
   if config.advantage == ROLE_ADVANTAGE:
     rows *= ROLES  # a row per side of each game
@@ -196,6 +211,7 @@ def settings_from_config(config) -> GRPOSettings:
       prompts_per_step=config.prompts_per_step, group_size=config.group_size,
       epochs=config.epochs, minibatches=config.minibatches,
       share_prompt=config.get("share_prompt", False),
+      pack_replies=config.get("pack_replies", False),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
@@ -329,22 +345,33 @@ def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Ar
 
 
 def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
-              ref_params=None, beta=0.0):
-  """The policy objective on one (mini)batch: (loss, metrics)."""
+              ref_params=None, beta=0.0, slots: int | None = None):
+  """The policy objective on one (mini)batch: (loss, metrics). With `slots`, the policy
+  tokens are scored packed into that many slots (`scoring.packed_policy_logits`): the
+  same values at the policy tokens, entropy 0 elsewhere (the loss reads neither there)."""
   hp = s.objective
   traj = batch.traj
   mask = traj.policy_mask
-  logits = scoring.policy_logits(params, cfg, traj, group_size=s.prompt_group)
-  logp, entropy = scoring.token_logprobs(logits, scoring.scored(traj, traj.tokens),
-                                         scoring.scored(traj, mask),
+  if slots is None:
+    logits_of = lambda p: scoring.policy_logits(p, cfg, traj, group_size=s.prompt_group)
+    logits = logits_of(params)
+    tokens, scored_mask = scoring.scored(traj, traj.tokens), scoring.scored(traj, mask)
+    to_stream = lambda x: scoring.to_stream(x, traj)
+  else:
+    logits_of = lambda p: scoring.packed_policy_logits(
+        p, cfg, traj, group_size=s.prompt_group, slots=slots)[0]
+    logits, packing = scoring.packed_policy_logits(params, cfg, traj,
+                                                   group_size=s.prompt_group, slots=slots)
+    tokens, scored_mask = scoring.packed_tokens(traj, packing), packing.valid
+    to_stream = lambda x: scoring.unpack(x, packing, traj)
+  logp, entropy = scoring.token_logprobs(logits, tokens, scored_mask,
                                          temperature=hp.temperature, with_entropy=True)
-  logp, entropy = (scoring.to_stream(x, traj) for x in (logp, entropy))
+  logp, entropy = to_stream(logp), to_stream(entropy)
   kl_per_token = None
   if hp.needs_ref_logits:
-    ref_logits = jax.lax.stop_gradient(
-        scoring.policy_logits(ref_params, cfg, traj, group_size=s.prompt_group))
-    kl_per_token = scoring.to_stream(kl_lib.forward_kl_from_logits(
-        logits / hp.temperature, ref_logits / hp.temperature), traj)
+    ref_logits = jax.lax.stop_gradient(logits_of(ref_params))
+    kl_per_token = to_stream(kl_lib.forward_kl_from_logits(
+        logits / hp.temperature, ref_logits / hp.temperature))
   old_logp = jax.lax.stop_gradient(logp) if s.on_policy else batch.old_logp
   return objective_lib.policy_objective(
       hp, logp, entropy, old_logp, batch.advantages, mask, beta=beta, ref_logp=batch.ref_logp,
@@ -356,9 +383,12 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
                 s: GRPOSettings):
   """One rollout's updates, then the KL controller's step: (state, metrics)."""
   beta = state.kl_ctl.beta if state.kl_ctl is not None else 0.0
-  loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta)
+  # Not per row: the role baselines, and the packed slots (only their count matters).
+  baseline, packed = batch.role_baseline, batch.packed_slots
+  batch = batch._replace(role_baseline=None, packed_slots=None)
+  loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta,
+                           slots=None if packed is None else packed.shape[0])
   updates_before = state.updates
-  baseline, batch = batch.role_baseline, batch._replace(role_baseline=None)  # not per row
   state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
                                           epochs=s.epochs, minibatches=s.minibatches,
                                           group_size=s.prompt_group)
@@ -388,6 +418,7 @@ class GRPO:
 
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
+    self.model_cfg = model_cfg
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -449,7 +480,19 @@ class GRPO:
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
                      correct=jnp.asarray(correct), role_baseline=baseline,
-                     reward_pairs=reward_pairs)
+                     reward_pairs=reward_pairs, packed_slots=self._packed_slots(traj))
+
+  def _packed_slots(self, traj: types.Trajectory) -> jax.Array | None:
+    """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply).
+    M bounds every minibatch's tokens, in steps of an eighth of a minibatch's padded
+    tokens: a run compiles the update for a few values of M per reply width."""
+    s = self.settings
+    if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
+      return None
+    rows = traj.tokens.shape[0] // s.minibatches
+    quantum = max(1, rows * (traj.tokens.shape[1] - traj.prompt_width) // PACKED_STEPS)
+    return jnp.zeros((scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group,
+                                           quantum=quantum),), bool)
 
   def update(self, state, batch, rng, progress):
     if self.beside is None:
@@ -471,6 +514,8 @@ class GRPO:
     s = self.settings
     if s.advantage == ROLE_ADVANTAGE:
       return  # its batch carries role baselines whose shapes depend on the episodes
+    if s.pack_replies:
+      return  # the packed slots depend on the replies' lengths
     # The update only: the scoring's compile (a forward pass, a few seconds) runs on the
     # main thread while the update's (forward and backward) is still going. The update
     # trains on prompts_per_step of the sampled groups (fewer with oversampling).

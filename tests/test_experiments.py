@@ -89,6 +89,56 @@ def test_tiny_grpo_with_kl_epochs_and_minibatches(tmp_path):
   assert step == 2 and meta["step"] == 2
 
 
+def test_packed_replies_train_as_the_padded_rows(tmp_path):
+  """config.pack_replies scores only the reply tokens, packed: the same run up to float
+  rounding (metrics and final policy), with the reference's logits in the loss (forward
+  KL) and an entropy bonus reading the entropies."""
+  runs = {}
+  for pack in (False, True):
+    config = grpo_arithmetic.get_config("tiny")
+    config.steps, config.kl_coef, config.kl_estimator = 3, 0.05, "forward"
+    config.entropy_coef, config.pack_replies = 0.01, pack
+    workdir = str(tmp_path / str(pack))
+    grpo.train(config, workdir, progress=False)
+    runs[pack] = (_untimed(_records(workdir, "train")),
+                  checkpointing.latest_policy_params(workdir)[0])
+  (want, want_params), (got, got_params) = runs[False], runs[True]
+  assert [r["step"] for r in got] == [1, 2, 3]
+  for a, b in zip(want, got, strict=True):
+    assert set(a) == set(b)
+    for key in a:
+      if isinstance(a[key], float):
+        np.testing.assert_allclose(b[key], a[key], rtol=2e-3, atol=1e-5, err_msg=key)
+      else:
+        assert a[key] == b[key], key
+  for a, b in zip(jax.tree.leaves(want_params), jax.tree.leaves(got_params), strict=True):
+    np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
+  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
+      jax.tree.leaves(want_params), jax.tree.leaves(zoo.load("tiny").params), strict=True))
+  assert moved > 1e-4  # the runs trained
+
+
+def test_packed_replies_engage_where_they_apply():
+  """The packed slots come with a batch of one-reply rows and shared prompts; none where
+  packing is off; and pack_replies without share_prompt is refused."""
+  config = grpo_arithmetic.get_config("tiny")
+  config.pack_replies = True
+  model = zoo.load("tiny")
+  algorithm = grpo.GRPO(config, model.cfg)
+  b, n = config.prompts_per_step * config.group_size, 16
+  lengths = np.arange(b) % n + 1
+  traj = types.single_turn(jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
+                           jnp.ones((b, n), jnp.int32),
+                           jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n)))
+  slots = algorithm._packed_slots(traj)
+  assert slots is not None and lengths.sum() <= slots.shape[0] < b * n
+  config.pack_replies = False
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj) is None
+  config.pack_replies, config.share_prompt = True, False
+  with pytest.raises(ValueError, match="pack_replies .* needs share_prompt=True"):
+    grpo.GRPO(config, model.cfg)
+
+
 def _cli(workdir, *flags, **popen):
   cmd = [sys.executable, "-m", "experiments.grpo", f"--config={GRPO_TINY}",
          f"--workdir={workdir}", *flags]

@@ -87,6 +87,74 @@ def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size, o
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(shared_grad)) > 1e-3
 
 
+def _packed_logprobs(params, cfg, traj, group_size, slots):
+  """(logp, entropy) f32[B, T] through the packed pass, as the GRPO loss computes them."""
+  logits, packing = scoring.packed_policy_logits(params, cfg, traj, group_size=group_size,
+                                                 slots=slots)
+  logp, entropy = token_logprobs(logits, scoring.packed_tokens(traj, packing), packing.valid,
+                                 with_entropy=True)
+  return scoring.unpack(logp, packing, traj), scoring.unpack(entropy, packing, traj)
+
+
+@pytest.mark.parametrize("group_size", [2, 4])
+def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
+  """Packed scoring (only the reply tokens that need running, in one stream) gives the
+  padded rows' log-probs, entropies at the policy tokens, and gradient; with replies of
+  every length, an empty one, a row whose tokens are all masked out of the loss (as the
+  overlong filter does) and a masked token inside a reply."""
+  params, cfg = tiny_model.params, tiny_model.cfg
+  n, rows = 9, 4 * group_size
+  prompts = [[5, 9, 14, 20, 31], [7, 3], [40, 41, 42], [8]]
+  tokens, mask = tokenizer_lib.pad_left(prompts, pad_id=0, length=8)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(0, n + 1, rows)
+  lengths[0], lengths[1] = n, 0
+  m = np.arange(n)[None, :] < lengths[:, None]
+  completion = jnp.asarray(np.where(m, rng.integers(3, cfg.vocab_size, (rows, n)), 0), jnp.int32)
+  traj = types.single_turn(jnp.repeat(jnp.asarray(tokens), group_size, 0),
+                           jnp.repeat(jnp.asarray(mask), group_size, 0), completion,
+                           jnp.asarray(m), jnp.zeros((rows, n)))
+  policy = np.asarray(traj.policy_mask).copy()
+  policy[2] = False  # valid tokens, none in the loss
+  policy[0, 8 + 3] = False  # one token inside a reply
+  traj = traj.replace(policy_mask=jnp.asarray(policy))
+  assert scoring.can_pack(cfg, traj, group_size)
+  slots = scoring.packed_slots(traj, rows=rows, group_size=group_size, quantum=8)
+  assert slots >= policy.sum() and slots % 8 == 0 and slots <= rows * n
+  want_logp, want_ent = policy_logprobs(params, cfg, traj, with_entropy=True,
+                                        group_size=group_size)
+  packed = jax.jit(_packed_logprobs, static_argnums=(1, 3, 4))
+  for extra in (0, 16):  # empty slots change nothing
+    logp, ent = packed(params, cfg, traj, group_size, slots + extra)
+    np.testing.assert_allclose(logp, np.where(policy, want_logp, 0.0), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(ent)[policy], np.asarray(want_ent)[policy], atol=2e-5)
+    assert np.all(np.asarray(ent)[~policy] == 0)
+  assert np.isclose(float(np.abs(np.asarray(logp)).sum()), float(np.abs(
+      np.asarray(want_logp)[policy]).sum()), rtol=1e-5)
+
+  weights = jax.random.normal(jax.random.key(0), policy.shape)
+  padded_grad = jax.grad(lambda p: jnp.sum(policy_logprobs(
+      p, cfg, traj, group_size=group_size)[0] * weights))(params)
+  packed_grad = jax.grad(lambda p: jnp.sum(_packed_logprobs(
+      p, cfg, traj, group_size, slots)[0] * weights))(params)
+  for a, b in zip(jax.tree.leaves(padded_grad), jax.tree.leaves(packed_grad), strict=True):
+    np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(packed_grad)) > 1e-3
+
+
+def test_packed_slots_bound_any_minibatch_of_whole_groups():
+  """The slots cover the minibatch of whole groups with the most tokens, rounded up."""
+  lp, n = 2, 6
+  lengths = np.array([6, 6, 1, 1, 3, 0, 2, 2])  # groups of 2: 12, 2, 3, 4 tokens
+  m = np.arange(n)[None, :] < lengths[:, None]
+  traj = types.single_turn(jnp.ones((8, lp), jnp.int32), jnp.ones((8, lp), bool),
+                           jnp.ones((8, n), jnp.int32), jnp.asarray(m), jnp.zeros((8, n)))
+  assert scoring.packed_slots(traj, rows=8, group_size=2, quantum=1) == 21
+  assert scoring.packed_slots(traj, rows=4, group_size=2, quantum=1) == 16  # 12 + 4
+  assert scoring.packed_slots(traj, rows=4, group_size=2, quantum=5) == 20
+  assert scoring.packed_slots(traj, rows=2, group_size=2, quantum=8) == 12  # at most 2 x 6
+
+
 def test_shared_prompt_scoring_rejects_a_partial_group(tiny_model):
   tokens, mask = tokenizer_lib.pad_left([[5, 9], [7, 3], [1, 2]], pad_id=0, length=4)
   batch = types.single_turn(jnp.asarray(tokens), jnp.asarray(mask), jnp.ones((3, 2), jnp.int32),

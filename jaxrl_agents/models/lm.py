@@ -45,7 +45,10 @@ tokens, positions, segment_ids, *, group_size, num_positions=None)` returns the
 hidden states of P prefixes f[P, Lp, D] and of their P * G continuations
 f[P * G, N, D], row b continuing prefix b // G: what `apply` gives for the
 prefixes with `new_cache_len`, then for the continuations with that cache
-repeated G times (scoring uses it when present, that pair otherwise).
+repeated G times (scoring uses it when present, that pair otherwise). With
+`keep=int32[M]` (flat indices into the continuations' B * N tokens) it runs
+only those continuation tokens and returns their hidden states f[M, D]: the
+packed scoring of `scoring.packed_policy_logits` needs this form.
 
 The cache is a NamedTuple with `valid: bool[B, S]` (which slots hold real
 tokens) and `index: int32[]` (the next slot every row writes); its other

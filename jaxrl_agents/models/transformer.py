@@ -146,11 +146,12 @@ class TransformerConfig:
   def apply_shared_prefix(self, params: Params, prefix_tokens: jax.Array,
                           prefix_positions: jax.Array, prefix_segments: jax.Array,
                           tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array, *,
-                          group_size: int, num_positions: int | None = None):
+                          group_size: int, num_positions: int | None = None,
+                          keep: jax.Array | None = None):
     """Optional member of the contract (`lm` module docstring): `apply_shared_prefix`."""
     return apply_shared_prefix(params, prefix_tokens, prefix_positions, prefix_segments, tokens,
                                positions, segment_ids, self, group_size=group_size,
-                               num_positions=num_positions)
+                               num_positions=num_positions, keep=keep)
 
   def decode_step(self, params: Params, tokens: jax.Array, positions: jax.Array, cache,
                   vocab_major: bool = False):
@@ -718,6 +719,7 @@ def apply_shared_prefix(
     *,
     group_size: int,
     num_positions: int | None = None,
+    keep: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Final hidden states of P prefixes and of G continuations of each, in one pass.
 
@@ -741,10 +743,18 @@ def apply_shared_prefix(
     cfg: the architecture.
     group_size: G.
     num_positions: as in `apply`.
+    keep: int32[M], the continuation tokens to run, as flat indices into the
+      B * N tokens (an index >= B * N is an empty slot). The projections and
+      MLP then run on these M tokens only (a packed stream: short replies do
+      not pay for the longest one's padding); the attention still sees them in
+      their rows. Every token a kept token attends to must be kept too: keep
+      every valid token (`segment_ids != 0`) whose hidden state is needed, and
+      the valid tokens before it.
 
   Returns:
     (f[P, Lp, D] the prefixes', f[P * G, N, D] the continuations'), normalized
-    as `apply(..., return_hidden=True)` returns them.
+    as `apply(..., return_hidden=True)` returns them; with `keep`, the
+    continuations' as f[M, D], in `keep`'s order (an empty slot's is garbage).
   """
   (p, lp), (b, n) = prefix_tokens.shape, tokens.shape
   if group_size < 1:
@@ -759,10 +769,13 @@ def apply_shared_prefix(
   _check_layers(params, cfg)
   dtype = _as_dtype(cfg.dtype)
   inv_freq = rope_frequencies(cfg)
-  # One stream of tokens, prefixes first: [P * Lp + B * N, D] (as one row, for RoPE).
+  # One stream of tokens, prefixes first: [P * Lp + B * N, D] (as one row, for RoPE),
+  # or [P * Lp + M, D] with only the kept continuation tokens.
   flat = lambda a: a.reshape(1, -1, *a.shape[2:])
-  all_tokens = jnp.concatenate([flat(prefix_tokens), flat(tokens)], axis=1)
-  all_positions = jnp.concatenate([flat(prefix_positions), flat(positions)], axis=1)
+  packed = (lambda a: a) if keep is None else (
+      lambda a: jnp.take(a, keep, axis=1, mode="fill", fill_value=0))
+  all_tokens = jnp.concatenate([flat(prefix_tokens), packed(flat(tokens))], axis=1)
+  all_positions = jnp.concatenate([flat(prefix_positions), packed(flat(positions))], axis=1)
   tables = rope_tables(all_positions, inv_freq, num_positions)
   x = params["embed"][all_tokens].astype(dtype)
   prefix_allowed = lm.attention_allowed(prefix_segments)
@@ -772,9 +785,12 @@ def apply_shared_prefix(
   heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [., T, K, Dh] -> [., K, T, Dh]
 
   def split(a):
-    """[1, P * Lp + B * N, ...] -> ([P, Lp, ...], [B, N, ...])."""
-    return (a[0, :p * lp].reshape(p, lp, *a.shape[2:]),
-            a[0, p * lp:].reshape(b, n, *a.shape[2:]))
+    """[1, P * Lp + B * N (or + M), ...] -> ([P, Lp, ...], [B, N, ...]): a packed
+    stream's tokens go back to their rows, zeros between them."""
+    rest = a[0, p * lp:]
+    if keep is not None:
+      rest = jnp.zeros((b * n, *a.shape[2:]), a.dtype).at[keep].set(rest, mode="drop")
+    return a[0, :p * lp].reshape(p, lp, *a.shape[2:]), rest.reshape(b, n, *a.shape[2:])
 
   def with_prefix(prefix, own):
     """The keys (or values) continuation rows see: their prefix's, then their own, f[B, K,
@@ -788,13 +804,16 @@ def apply_shared_prefix(
     return jnp.concatenate([
         flat(_attention(qp, heads_first(kp), heads_first(vp), prefix_allowed, cfg,
                         causal=True)),
-        flat(_attention(qc, with_prefix(kp, kc).transpose(0, 1, 3, 2), with_prefix(vp, vc),
-                        allowed, cfg, slots_last=True))], axis=1)
+        packed(flat(_attention(qc, with_prefix(kp, kc).transpose(0, 1, 3, 2),
+                               with_prefix(vp, vc), allowed, cfg, slots_last=True)))], axis=1)
 
   layer_fn = lambda x, layer: _decoder_layer(x, layer, all_positions, inv_freq, tables, cfg,
                                              dtype, attend)
   x = _run_layers(x, params["layers"], layer_fn, cfg.remat)
-  return split(rms_norm(x, params["final_norm"], cfg.norm_eps))
+  x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+  if keep is not None:
+    return x[0, :p * lp].reshape(p, lp, -1), x[0, p * lp:]
+  return split(x)
 
 
 def _dense_fm(w: jax.Array, x: jax.Array, dtype) -> jax.Array:

@@ -16,6 +16,8 @@ every array of the update lines up with the Trajectory's.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,6 +129,106 @@ def _predictors(hidden: jax.Array, traj: Trajectory) -> jax.Array:
   if traj.reply_spans:
     rows = rows[:, scored_columns(traj) - lp]
   return jnp.take_along_axis(hidden, rows[..., None], axis=1)
+
+
+class Packing(NamedTuple):
+  """Where the packed policy tokens of a batch sit: `index` int32[M] flat indices into
+  the [B, C] scored columns (B * C marks an empty slot) and `valid` bool[M]."""
+
+  index: jax.Array
+  valid: jax.Array
+
+
+def can_pack(cfg: lm.CausalLM, traj: Trajectory, group_size: int) -> bool:
+  """Whether `packed_policy_logits` applies: rows in groups sharing a prompt, one reply
+  block per row (no `reply_spans`), a model with `apply_shared_prefix` off a mesh."""
+  return (group_size > 1 and not traj.reply_spans and
+          traj.tokens.shape[1] - traj.prompt_width > 1 and _one_pass(cfg))
+
+
+def _kept_inputs(traj: Trajectory) -> jax.Array:
+  """bool[B, N - 1]: the reply inputs (columns Lp .. T-2) a packed pass runs: the valid
+  ones before each row's last policy token (every key its predictions attend to)."""
+  lp = traj.prompt_width
+  policy = traj.policy_mask[:, lp:]
+  columns = jnp.arange(policy.shape[1])
+  last = jnp.max(jnp.where(policy, columns, -1), axis=1, keepdims=True)
+  return traj.valid[:, lp:-1] & (columns[:-1] < last)
+
+
+def packed_slots(traj: Trajectory, *, rows: int, group_size: int, quantum: int) -> int:
+  """Slots M (static) for packed scoring of any `rows` rows of whole groups of `traj`.
+
+  M bounds both the policy tokens and the reply inputs a packed pass runs
+  (`_kept_inputs`) in the `rows` rows that hold the most, so a shuffled
+  minibatch always fits; rounded up to a multiple of `quantum` (few compiled
+  shapes) and at most rows x N. Host-side (numpy), before the update.
+  """
+  lp, n = traj.prompt_width, traj.tokens.shape[1] - traj.prompt_width
+  counts = (np.asarray(traj.policy_mask)[:, lp:].sum(1), np.asarray(_kept_inputs(traj)).sum(1))
+  groups = rows // group_size
+  bound = max(int(np.sort(c.reshape(-1, group_size).sum(1))[::-1][:groups].sum())
+              for c in counts)
+  return int(min(-(-max(bound, 1) // quantum) * quantum, rows * n))
+
+
+def packed_policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *, group_size: int,
+                         slots: int) -> tuple[jax.Array, Packing]:
+  """Final hidden states f[M, D] predicting each policy token, packed (`Packing` says where
+  each sits), computed over the reply tokens that need running only.
+
+  The same values as `policy_hidden` at the policy tokens (`can_pack` must hold):
+  the prompts go through `apply_shared_prefix` once per group as there, and of
+  the replies only the kept inputs (`_kept_inputs`), packed into `slots`
+  positions of one stream, so a batch pays for its reply tokens, not for B
+  times the longest reply. `slots` must be at least the policy tokens and the
+  kept inputs (`packed_slots`); a slot beyond them is empty.
+  """
+  lp, t = traj.prompt_width, traj.tokens.shape[1]
+  n = t - lp
+  positions = lm.positions_from_mask(traj.valid)
+  prompt_valid = traj.valid[::group_size, :lp]
+  kept = _kept_inputs(traj).reshape(-1)
+  (keep,) = jnp.nonzero(kept, size=slots, fill_value=kept.shape[0])
+  prompt_hidden, rest = cfg.apply_shared_prefix(
+      params, traj.tokens[::group_size, :lp], lm.positions_from_mask(prompt_valid),
+      prompt_valid.astype(jnp.int32), traj.tokens[:, lp:-1], positions[:, lp:-1],
+      traj.valid[:, lp:-1].astype(jnp.int32), group_size=group_size, num_positions=t,
+      keep=keep)
+  policy = traj.policy_mask[:, lp:].reshape(-1)
+  (index,) = jnp.nonzero(policy, size=slots, fill_value=policy.shape[0])
+  packing = Packing(index.astype(jnp.int32), index < policy.shape[0])
+  # Each policy token's predictor: its prompt's last column, or a kept input's slot.
+  row = index // n
+  predictor = jnp.take(predictor_columns(traj.valid, lp).reshape(-1), index, mode="clip") - lp
+  slot_of = jnp.zeros(kept.shape, jnp.int32).at[keep].set(
+      jnp.arange(slots, dtype=jnp.int32), mode="drop")
+  from_reply = jnp.take(slot_of, row * (n - 1) + jnp.maximum(predictor, 0), mode="clip")
+  source = jnp.where(predictor < 0, row // group_size, prompt_hidden.shape[0] + from_reply)
+  hidden = jnp.concatenate([prompt_hidden[:, -1], rest], axis=0)
+  # An empty slot's source is clipped into range: finite, and never read back.
+  return jnp.take(hidden, source, axis=0, mode="clip"), packing
+
+
+def packed_policy_logits(params, cfg: lm.CausalLM, traj: Trajectory, *, group_size: int,
+                         slots: int) -> tuple[jax.Array, Packing]:
+  """f32[M, V] logits predicting each policy token, packed (`packed_policy_hidden`)."""
+  hidden, packing = packed_policy_hidden(params, cfg, traj, group_size=group_size, slots=slots)
+  return cfg.lm_head(params, hidden[None])[0], packing
+
+
+def packed_tokens(traj: Trajectory, packing: Packing) -> jax.Array:
+  """int32[M] the policy tokens in `packing`'s order (0 in an empty slot)."""
+  return jnp.take(scored(traj, traj.tokens).reshape(-1), packing.index, mode="fill",
+                  fill_value=0)
+
+
+def unpack(x: jax.Array, packing: Packing, traj: Trajectory) -> jax.Array:
+  """f32[M] values of the packed policy tokens -> f32[B, T] (`to_stream`'s layout), zeros on
+  every other column."""
+  b, c = traj.tokens.shape[0], traj.tokens.shape[1] - traj.prompt_width
+  out = jnp.zeros((b * c,), x.dtype).at[packing.index].set(x, mode="drop")
+  return to_stream(out.reshape(b, c), traj)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
