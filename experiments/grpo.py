@@ -166,10 +166,6 @@ TURN_CREDITS = ("episode", "turn", "gigpo", "igpo")
 # train state), so the first mover's edge is not credited to its moves. advantage_kwargs:
 # decay (the paper's 0.95).
 ROLE_ADVANTAGE = self_play.ADVANTAGE
-# config.pack_replies: the packed slots are a multiple of 1/PACKED_STEPS of a minibatch's
-# padded reply tokens, so a run compiles its update for at most this many slot counts
-# per reply width.
-PACKED_STEPS = 8
 ROLES = self_play.PLAYERS
 
 
@@ -419,6 +415,9 @@ class GRPO:
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
+    # config.pack_replies: (trajectory shape, packed slots) the update was compiled for
+    # ahead of the first rollout (`precompile`), until the first update uses it.
+    self._precompiled: tuple[tuple[int, int], int] | None = None
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -483,16 +482,19 @@ class GRPO:
                      reward_pairs=reward_pairs, packed_slots=self._packed_slots(traj))
 
   def _packed_slots(self, traj: types.Trajectory) -> jax.Array | None:
-    """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply).
-    M bounds every minibatch's tokens, in steps of an eighth of a minibatch's padded
-    tokens: a run compiles the update for a few values of M per reply width."""
+    """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
+    M bounds every minibatch's tokens, rounded by `shapes.half_octave`, so a run compiles
+    the update for a few values of M per reply width. The first update of the shapes
+    `precompile` predicted takes the slot count compiled for it."""
     s = self.settings
     if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
       return None
     rows = traj.tokens.shape[0] // s.minibatches
-    quantum = max(1, rows * (traj.tokens.shape[1] - traj.prompt_width) // PACKED_STEPS)
-    return jnp.zeros((scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group,
-                                           quantum=quantum),), bool)
+    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
+    predicted, self._precompiled = self._precompiled, None
+    if predicted is not None and predicted[0] == traj.tokens.shape and slots <= predicted[1]:
+      slots = predicted[1]
+    return jnp.zeros((slots,), bool)
 
   def update(self, state, batch, rng, progress):
     if self.beside is None:
@@ -514,16 +516,22 @@ class GRPO:
     s = self.settings
     if s.advantage == ROLE_ADVANTAGE:
       return  # its batch carries role baselines whose shapes depend on the episodes
-    if s.pack_replies:
-      return  # the packed slots depend on the replies' lengths
     # The update only: the scoring's compile (a forward pass, a few seconds) runs on the
     # main thread while the update's (forward and backward) is still going. The update
     # trains on prompts_per_step of the sampled groups (fewer with oversampling).
     b, t = s.prompts_per_step * s.group_size, traj.tokens.shape[1]
     traj = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype), traj)
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    packed = None
+    if s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group):
+      # The replies' lengths are unknown before sampling: every slot of the first
+      # update's minibatches (what the padded rows cost; later updates pack tighter).
+      slots = b // s.minibatches * (t - traj.prompt_width)
+      packed = jax.ShapeDtypeStruct((slots,), jnp.bool_)
+      self._precompiled = ((b, t), slots)
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
-                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
+                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b),
+                      packed_slots=packed)
     self._update.start(state._replace(reward_model=None), batch, rng, f32())
 
 

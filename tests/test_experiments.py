@@ -132,6 +132,10 @@ def test_packed_replies_engage_where_they_apply():
                            jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n)))
   slots = algorithm._packed_slots(traj)
   assert slots is not None and lengths.sum() <= slots.shape[0] < b * n
+  # The first update after an ahead-of-time compile takes the slot count compiled for.
+  algorithm._precompiled = (traj.tokens.shape, b * n)
+  assert algorithm._packed_slots(traj).shape == (b * n,)
+  assert algorithm._packed_slots(traj).shape == slots.shape
   config.pack_replies = False
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj) is None
   config.pack_replies, config.share_prompt = True, False

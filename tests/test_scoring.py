@@ -9,7 +9,7 @@ from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import transformer
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import scoring
+from jaxrl_agents.rollout import scoring, shapes
 from jaxrl_agents.rollout.scoring import policy_logprobs, token_logprobs
 
 
@@ -119,8 +119,8 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
   policy[0, 8 + 3] = False  # one token inside a reply
   traj = traj.replace(policy_mask=jnp.asarray(policy))
   assert scoring.can_pack(cfg, traj, group_size)
-  slots = scoring.packed_slots(traj, rows=rows, group_size=group_size, quantum=8)
-  assert slots >= policy.sum() and slots % 8 == 0 and slots <= rows * n
+  slots = scoring.packed_slots(traj, rows=rows, group_size=group_size)
+  assert policy.sum() <= slots <= rows * n
   want_logp, want_ent = policy_logprobs(params, cfg, traj, with_entropy=True,
                                         group_size=group_size)
   packed = jax.jit(_packed_logprobs, static_argnums=(1, 3, 4))
@@ -149,10 +149,19 @@ def test_packed_slots_bound_any_minibatch_of_whole_groups():
   m = np.arange(n)[None, :] < lengths[:, None]
   traj = types.single_turn(jnp.ones((8, lp), jnp.int32), jnp.ones((8, lp), bool),
                            jnp.ones((8, n), jnp.int32), jnp.asarray(m), jnp.zeros((8, n)))
-  assert scoring.packed_slots(traj, rows=8, group_size=2, quantum=1) == 21
-  assert scoring.packed_slots(traj, rows=4, group_size=2, quantum=1) == 16  # 12 + 4
-  assert scoring.packed_slots(traj, rows=4, group_size=2, quantum=5) == 20
-  assert scoring.packed_slots(traj, rows=2, group_size=2, quantum=8) == 12  # at most 2 x 6
+  exact = lambda k: k
+  assert scoring.packed_slots(traj, rows=8, group_size=2, rounding=exact) == 21
+  assert scoring.packed_slots(traj, rows=4, group_size=2, rounding=exact) == 16  # 12 + 4
+  assert scoring.packed_slots(traj, rows=4, group_size=2, rounding=lambda k: -(-k // 5) * 5) == 20
+  assert scoring.packed_slots(traj, rows=2, group_size=2, rounding=lambda k: 16) == 12  # 2 x 6
+  assert scoring.packed_slots(traj, rows=8, group_size=2) == 24  # the default: half octaves
+
+
+def test_half_octaves_round_up_to_powers_of_two_and_one_and_a_half_times_them():
+  want = {1: 16, 16: 16, 17: 24, 24: 24, 25: 32, 33: 48, 49: 64, 65: 96, 97: 128, 385: 512,
+          513: 768, 769: 1024}
+  assert {n: shapes.half_octave(n) for n in want} == want
+  assert shapes.half_octave(5, minimum=4) == 6
 
 
 def test_shared_prompt_scoring_rejects_a_partial_group(tiny_model):

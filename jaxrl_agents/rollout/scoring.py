@@ -16,6 +16,7 @@ every array of the update lines up with the Trajectory's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -24,6 +25,7 @@ import numpy as np
 
 from jaxrl_agents.losses.entropy import softmax_terms
 from jaxrl_agents.models import lm
+from jaxrl_agents.rollout import shapes
 from jaxrl_agents.types import Trajectory
 
 
@@ -156,20 +158,21 @@ def _kept_inputs(traj: Trajectory) -> jax.Array:
   return traj.valid[:, lp:-1] & (columns[:-1] < last)
 
 
-def packed_slots(traj: Trajectory, *, rows: int, group_size: int, quantum: int) -> int:
+def packed_slots(traj: Trajectory, *, rows: int, group_size: int,
+                 rounding: Callable[[int], int] = shapes.half_octave) -> int:
   """Slots M (static) for packed scoring of any `rows` rows of whole groups of `traj`.
 
   M bounds both the policy tokens and the reply inputs a packed pass runs
   (`_kept_inputs`) in the `rows` rows that hold the most, so a shuffled
-  minibatch always fits; rounded up to a multiple of `quantum` (few compiled
-  shapes) and at most rows x N. Host-side (numpy), before the update.
+  minibatch always fits; rounded up by `rounding` (few compiled shapes) and at
+  most rows x N. Host-side (numpy), before the update.
   """
   lp, n = traj.prompt_width, traj.tokens.shape[1] - traj.prompt_width
   counts = (np.asarray(traj.policy_mask)[:, lp:].sum(1), np.asarray(_kept_inputs(traj)).sum(1))
   groups = rows // group_size
   bound = max(int(np.sort(c.reshape(-1, group_size).sum(1))[::-1][:groups].sum())
               for c in counts)
-  return int(min(-(-max(bound, 1) // quantum) * quantum, rows * n))
+  return int(min(rounding(max(bound, 1)), rows * n))
 
 
 def packed_policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *, group_size: int,

@@ -11,6 +11,9 @@ data are rounded to a few values. The rules, each for a reason:
   with the first words of the questions.
 - `power_of_two`: batch sizes, token budgets and the completion columns an
   update trains on (the longest completion) round up to a power of two.
+- `half_octave`: the packed reply tokens of a GRPO update (`config.pack_replies`)
+  round up to a power of two or 1.5 times one: at most a third of padding, and
+  a handful of compiled programs as replies shorten over a run.
 """
 
 from __future__ import annotations
@@ -39,3 +42,10 @@ def prefix_width(common: int, multiple: int = PREFIX_MULTIPLE) -> int:
 def power_of_two(n: int, minimum: int = 16) -> int:
   """n rounded up to the next power of two, at least `minimum`."""
   return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+def half_octave(n: int, minimum: int = 16) -> int:
+  """n rounded up to the next of 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5 times
+  them), at least `minimum`."""
+  p = power_of_two(n, minimum)
+  return max(minimum, p * 3 // 4) if n <= p * 3 // 4 else p
