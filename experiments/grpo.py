@@ -418,6 +418,7 @@ class GRPO:
     # config.pack_replies: (trajectory shape, packed slots) the update was compiled for
     # ahead of the first rollout (`precompile`), until the first update uses it.
     self._precompiled: tuple[tuple[int, int], int] | None = None
+    self._packed_counts: dict[tuple[int, int], set[int]] = {}  # slot counts used, by shape
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -483,17 +484,23 @@ class GRPO:
 
   def _packed_slots(self, traj: types.Trajectory) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
-    M bounds every minibatch's tokens, rounded by `shapes.half_octave`, so a run compiles
-    the update for a few values of M per reply width. The first update of the shapes
-    `precompile` predicted takes the slot count compiled for it."""
+    M bounds every minibatch's tokens, rounded by `shapes.half_octave`; a slot count
+    already compiled for these shapes serves if at most one half-octave larger (each
+    new count is a compile: about 10-25 s on 2 cores, several steps' savings). The
+    first update of the shapes `precompile` predicted takes the count compiled for it."""
     s = self.settings
     if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
       return None
     rows = traj.tokens.shape[0] // s.minibatches
     slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
+    shape = tuple(traj.tokens.shape)
     predicted, self._precompiled = self._precompiled, None
-    if predicted is not None and predicted[0] == traj.tokens.shape and slots <= predicted[1]:
+    compiled = self._packed_counts.setdefault(shape, set())
+    if predicted is not None and predicted[0] == shape and slots <= predicted[1]:
       slots = predicted[1]
+    else:
+      slots = min((c for c in compiled if slots <= c <= slots * 3 // 2), default=slots)
+    compiled.add(slots)
     return jnp.zeros((slots,), bool)
 
   def update(self, state, batch, rng, progress):

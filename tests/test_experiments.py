@@ -17,7 +17,7 @@ from experiments.configs import grpo_arithmetic, ppo_arithmetic
 from jaxrl_agents import checkpointing, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.rollout import scoring, single_turn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO_TINY = os.path.join(REPO, "experiments", "configs", "grpo_arithmetic.py") + ":tiny"
@@ -135,7 +135,11 @@ def test_packed_replies_engage_where_they_apply():
   # The first update after an ahead-of-time compile takes the slot count compiled for.
   algorithm._precompiled = (traj.tokens.shape, b * n)
   assert algorithm._packed_slots(traj).shape == (b * n,)
-  assert algorithm._packed_slots(traj).shape == slots.shape
+  assert algorithm._packed_slots(traj).shape == slots.shape  # 192 is two half-octaves up
+  # A count already used serves replies one half-octave shorter: no new compile.
+  shorter = traj.replace(policy_mask=traj.policy_mask & (jnp.arange(8 + n) < 8 + 6)[None])
+  assert scoring.packed_slots(shorter, rows=b, group_size=config.group_size) == 64
+  assert algorithm._packed_slots(shorter).shape == slots.shape == (96,)
   config.pack_replies = False
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj) is None
   config.pack_replies, config.share_prompt = True, False
