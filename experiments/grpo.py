@@ -189,9 +189,6 @@ def settings_from_config(config) -> GRPOSettings:
   if name != "fixed" and not config.kl_coef > 0:
     raise ValueError(f"kl_controller {name!r} moves the KL coefficient from kl_coef: set "
                      f"kl_coef > 0 (got {config.kl_coef})")
-  if config.get("pack_replies", False) and not config.get("share_prompt", False):
-    raise ValueError("pack_replies packs the replies after each group's shared prompt: it "
-                     "needs share_prompt=True")
   rows = config.prompts_per_step * config.group_size
   if config.advantage == ROLE_ADVANTAGE:
     rows *= ROLES  # a row per side of each game
@@ -207,7 +204,7 @@ def settings_from_config(config) -> GRPOSettings:
       prompts_per_step=config.prompts_per_step, group_size=config.group_size,
       epochs=config.epochs, minibatches=config.minibatches,
       share_prompt=config.get("share_prompt", False),
-      pack_replies=config.get("pack_replies", False),
+      pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction

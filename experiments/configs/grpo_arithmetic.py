@@ -148,10 +148,12 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Each group's prompt goes through the model once per update, not once per
   # completion (same gradient up to float rounding; tests/test_scoring.py).
   c.share_prompt = True
-  # The update runs only the reply tokens, packed into one stream, not B rows of the
-  # longest reply's width (same values; tests/test_scoring.py). Each step's slot count
-  # is rounded up to an eighth of the padded tokens: a few more compiled shapes.
-  c.pack_replies = False
+  # With share_prompt, GRPO's update runs only the reply tokens, packed into one
+  # stream, not B rows of the longest reply's width: the same values
+  # (tests/test_scoring.py), a third less time per step in the main job, for one or
+  # two more compiles as replies shorten (rollout/shapes.py: half octaves). Rows
+  # in multi-turn blocks stay padded.
+  c.pack_replies = True
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
   # "train_time", the fraction of time_budget_s spent (for time-budgeted runs).
