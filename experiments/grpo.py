@@ -366,9 +366,12 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
     kl_per_token = to_stream(kl_lib.forward_kl_from_logits(
         logits / hp.temperature, ref_logits / hp.temperature))
   old_logp = jax.lax.stop_gradient(logp) if s.on_policy else batch.old_logp
-  return objective_lib.policy_objective(
+  loss, metrics = objective_lib.policy_objective(
       hp, logp, entropy, old_logp, batch.advantages, mask, beta=beta, ref_logp=batch.ref_logp,
       kl_per_token=kl_per_token, behavior_logp=traj.sampling_logprobs if s.behavior_logp else None)
+  if slots is not None:  # tokens left without a slot: skip the update (counted), never train
+    loss = jnp.where(packing.complete, loss, jnp.nan)
+  return loss, metrics
 
 
 def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
@@ -412,10 +415,6 @@ class GRPO:
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
-    # config.pack_replies: (trajectory shape, packed slots) the update was compiled for
-    # ahead of the first rollout (`precompile`), until the first update uses it.
-    self._precompiled: tuple[tuple[int, int], int] | None = None
-    self._packed_counts: dict[tuple[int, int], set[int]] = {}  # slot counts used, by shape
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -477,28 +476,27 @@ class GRPO:
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
                      correct=jnp.asarray(correct), role_baseline=baseline,
-                     reward_pairs=reward_pairs, packed_slots=self._packed_slots(traj))
+                     reward_pairs=reward_pairs,
+                     packed_slots=self._packed_slots(traj, int(state.updates) == 0))
 
-  def _packed_slots(self, traj: types.Trajectory) -> jax.Array | None:
+  def _packed_slots(self, traj: types.Trajectory, first_update: bool) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
-    M bounds every minibatch's tokens, rounded by `shapes.half_octave`; a slot count
-    already compiled for these shapes serves if at most one half-octave larger (each
-    new count is a compile: about 10-25 s on 2 cores, several steps' savings). The
-    first update of the shapes `precompile` predicted takes the count compiled for it."""
+    M bounds every minibatch's tokens, rounded by `shapes.half_octave`. The run's first
+    update takes every slot (`_all_slots`), the count `precompile` compiled for ahead of
+    the first rollout. A function of the batch and the step only, never of what this
+    process compiled before: a resumed run packs each step as the uninterrupted one did."""
     s = self.settings
     if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
       return None
-    rows = traj.tokens.shape[0] // s.minibatches
-    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
-    shape = tuple(traj.tokens.shape)
-    predicted, self._precompiled = self._precompiled, None
-    compiled = self._packed_counts.setdefault(shape, set())
-    if predicted is not None and predicted[0] == shape and slots <= predicted[1]:
-      slots = predicted[1]
-    else:
-      slots = min((c for c in compiled if slots <= c <= slots * 3 // 2), default=slots)
-    compiled.add(slots)
-    return jnp.zeros((slots,), bool)
+    if first_update:
+      return jnp.zeros((self._all_slots(traj),), bool)
+    return jnp.zeros((scoring.packed_slots(traj, rows=traj.tokens.shape[0] // s.minibatches,
+                                           group_size=s.prompt_group),), bool)
+
+  def _all_slots(self, traj: types.Trajectory) -> int:
+    """A minibatch's padded reply tokens: what the padded rows cost."""
+    rows = traj.tokens.shape[0] // self.settings.minibatches
+    return rows * (traj.tokens.shape[1] - traj.prompt_width)
 
   def update(self, state, batch, rng, progress):
     if self.beside is None:
@@ -528,11 +526,10 @@ class GRPO:
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     packed = None
     if s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group):
-      # The replies' lengths are unknown before sampling: every slot of the first
-      # update's minibatches (what the padded rows cost; later updates pack tighter).
-      slots = b // s.minibatches * (t - traj.prompt_width)
-      packed = jax.ShapeDtypeStruct((slots,), jnp.bool_)
-      self._precompiled = ((b, t), slots)
+      if int(state.updates):  # a host read of a scalar, once per process
+        return  # a resumed run packs to its replies' lengths, unknown before sampling
+      # The first update takes every slot (`_packed_slots`): its shape is known now.
+      packed = jax.ShapeDtypeStruct((self._all_slots(traj),), jnp.bool_)
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b),
                       packed_slots=packed)

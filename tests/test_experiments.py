@@ -89,19 +89,35 @@ def test_tiny_grpo_with_kl_epochs_and_minibatches(tmp_path):
   assert step == 2 and meta["step"] == 2
 
 
-def test_packed_replies_train_as_the_padded_rows(tmp_path):
+@pytest.mark.parametrize("epochs, minibatches", [(1, 1), (2, 2)])
+def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, minibatches):
   """config.pack_replies scores only the reply tokens, packed: the same run up to float
   rounding (metrics and final policy), with the reference's logits in the loss (forward
-  KL) and an entropy bonus reading the entropies."""
+  KL), an entropy bonus reading the entropies, and shuffled minibatches of whole groups.
+  (The tiny model's replies run to the budget, so its slots are the padded width: short
+  replies are tests/test_scoring.py's.)"""
+  slot_counts = []
+  packed_logits = scoring.packed_policy_logits
+
+  def counting(*args, slots, **kwargs):
+    slot_counts.append(slots)
+    return packed_logits(*args, slots=slots, **kwargs)
+  monkeypatch.setattr(scoring, "packed_policy_logits", counting)
   runs = {}
   for pack in (False, True):
     config = grpo_arithmetic.get_config("tiny")
     config.steps, config.kl_coef, config.kl_estimator = 3, 0.05, "forward"
     config.entropy_coef, config.pack_replies = 0.01, pack
+    config.prompts_per_step, config.epochs, config.minibatches = 4, epochs, minibatches
     workdir = str(tmp_path / str(pack))
     grpo.train(config, workdir, progress=False)
+    if not pack:
+      assert not slot_counts
     runs[pack] = (_untimed(_records(workdir, "train")),
                   checkpointing.latest_policy_params(workdir)[0])
+  # The packed path ran: traced once per compiled program, one minibatch's slots.
+  rows = config.prompts_per_step * config.group_size // minibatches
+  assert slot_counts and max(slot_counts) <= rows * config.max_new_tokens, slot_counts
   (want, want_params), (got, got_params) = runs[False], runs[True]
   assert [r["step"] for r in got] == [1, 2, 3]
   for a, b in zip(want, got, strict=True):
@@ -130,20 +146,15 @@ def test_packed_replies_engage_where_they_apply():
   traj = types.single_turn(jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
                            jnp.ones((b, n), jnp.int32),
                            jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n)))
-  slots = algorithm._packed_slots(traj)
+  slots = algorithm._packed_slots(traj, first_update=False)
   assert slots is not None and lengths.sum() <= slots.shape[0] < b * n
-  # The first update after an ahead-of-time compile takes the slot count compiled for.
-  algorithm._precompiled = (traj.tokens.shape, b * n)
-  assert algorithm._packed_slots(traj).shape == (b * n,)
-  assert algorithm._packed_slots(traj).shape == slots.shape  # 192 is two half-octaves up
-  # A count already used serves replies one half-octave shorter: no new compile.
-  shorter = traj.replace(policy_mask=traj.policy_mask & (jnp.arange(8 + n) < 8 + 6)[None])
-  assert scoring.packed_slots(shorter, rows=b, group_size=config.group_size) == 64
-  assert algorithm._packed_slots(shorter).shape == slots.shape == (96,)
+  assert slots.shape == (96,)  # 78 tokens, rounded up to a half octave
+  # The run's first update takes every slot: the shape compiled ahead of its rollout.
+  assert algorithm._packed_slots(traj, first_update=True).shape == (b * n,)
   config.pack_replies = False
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj) is None
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, first_update=False) is None
   config.pack_replies, config.share_prompt = True, False  # packing follows a shared prompt
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj) is None
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, first_update=False) is None
 
 
 def _cli(workdir, *flags, **popen):

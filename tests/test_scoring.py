@@ -117,6 +117,7 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
   policy = np.asarray(traj.policy_mask).copy()
   policy[2] = False  # valid tokens, none in the loss
   policy[0, 8 + 3] = False  # one token inside a reply
+  policy[3, 8 + lengths[3] - 2:] = False  # the reply's last two tokens out of the loss
   traj = traj.replace(policy_mask=jnp.asarray(policy))
   assert scoring.can_pack(cfg, traj, group_size)
   slots = scoring.packed_slots(traj, rows=rows, group_size=group_size)
@@ -124,11 +125,21 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
   want_logp, want_ent = policy_logprobs(params, cfg, traj, with_entropy=True,
                                         group_size=group_size)
   packed = jax.jit(_packed_logprobs, static_argnums=(1, 3, 4))
-  for extra in (0, 16):  # empty slots change nothing
-    logp, ent = packed(params, cfg, traj, group_size, slots + extra)
+  stacked = transformer.stack_layers(params)
+  layouts = ((params, cfg, 0), (params, cfg, 16),  # empty slots change nothing
+             (stacked, cfg.replace(remat="full"), 0),
+             (transformer.fuse_projections(params), cfg, 0))
+  for layout, c, extra in layouts:
+    logp, ent = packed(layout, c, traj, group_size, slots + extra)
     np.testing.assert_allclose(logp, np.where(policy, want_logp, 0.0), atol=2e-5)
     np.testing.assert_allclose(np.asarray(ent)[policy], np.asarray(want_ent)[policy], atol=2e-5)
     assert np.all(np.asarray(ent)[~policy] == 0)
+  # Too few slots: the packing says its values are incomplete.
+  complete = lambda m: scoring.packed_policy_logits(params, cfg, traj, group_size=group_size,
+                                                    slots=m)[1].complete
+  assert bool(complete(int(policy.sum()))) and not bool(complete(int(policy.sum()) - 1))
+  with pytest.raises(ValueError, match="group_size >= 2, got 1"):
+    scoring.packed_policy_logits(params, cfg, traj, group_size=1, slots=slots)
   assert np.isclose(float(np.abs(np.asarray(logp)).sum()), float(np.abs(
       np.asarray(want_logp)[policy]).sum()), rtol=1e-5)
 

@@ -150,9 +150,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.share_prompt = True
   # With share_prompt, GRPO's update runs only the reply tokens, packed into one
   # stream, not B rows of the longest reply's width: the same values
-  # (tests/test_scoring.py), a third less time per step in the main job, for one or
-  # two more compiles as replies shorten (rollout/shapes.py: half octaves). Rows
-  # in multi-turn blocks stay padded.
+  # (tests/test_scoring.py), less time per step (README, "Packed replies"), for a
+  # few more compiles as replies shorten (rollout/shapes.py: half octaves). Rows in
+  # multi-turn blocks stay padded.
   c.pack_replies = True
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or

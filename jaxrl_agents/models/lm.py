@@ -47,8 +47,9 @@ f[P * G, N, D], row b continuing prefix b // G: what `apply` gives for the
 prefixes with `new_cache_len`, then for the continuations with that cache
 repeated G times (scoring uses it when present, that pair otherwise). With
 `keep=int32[M]` (flat indices into the continuations' B * N tokens) it runs
-only those continuation tokens and returns their hidden states f[M, D]: the
-packed scoring of `scoring.packed_policy_logits` needs this form.
+only those continuation tokens and returns (the prefixes' f[P, Lp, D], theirs
+f[M, D]); the packed scoring (`scoring.packed_policy_logits`, GRPO's
+`pack_replies`) needs this argument.
 
 The cache is a NamedTuple with `valid: bool[B, S]` (which slots hold real
 tokens) and `index: int32[]` (the next slot every row writes); its other

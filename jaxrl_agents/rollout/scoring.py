@@ -135,15 +135,19 @@ def _predictors(hidden: jax.Array, traj: Trajectory) -> jax.Array:
 
 class Packing(NamedTuple):
   """Where the packed policy tokens of a batch sit: `index` int32[M] flat indices into
-  the [B, C] scored columns (B * C marks an empty slot) and `valid` bool[M]."""
+  the [B, C] scored columns (B * C marks an empty slot), `valid` bool[M], and `complete`
+  bool[]: whether every policy token and kept input had a slot (`packed_slots`
+  bounds them; False means the values are wrong, and a loss should not be used)."""
 
   index: jax.Array
   valid: jax.Array
+  complete: jax.Array
 
 
 def can_pack(cfg: lm.CausalLM, traj: Trajectory, group_size: int) -> bool:
   """Whether `packed_policy_logits` applies: rows in groups sharing a prompt, one reply
-  block per row (no `reply_spans`), a model with `apply_shared_prefix` off a mesh."""
+  block per row (no `reply_spans`), a model with `apply_shared_prefix` off a mesh (and
+  its `keep` argument: the project's transformer)."""
   return (group_size > 1 and not traj.reply_spans and
           traj.tokens.shape[1] - traj.prompt_width > 1 and _one_pass(cfg))
 
@@ -187,6 +191,9 @@ def packed_policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *, group_si
   times the longest reply. `slots` must be at least the policy tokens and the
   kept inputs (`packed_slots`); a slot beyond them is empty.
   """
+  if group_size < 2 or traj.reply_spans:
+    raise ValueError("packed scoring needs rows in groups that share a prompt (group_size "
+                     f">= 2, got {group_size}) and one reply block per row (no reply_spans)")
   lp, t = traj.prompt_width, traj.tokens.shape[1]
   n = t - lp
   positions = lm.positions_from_mask(traj.valid)
@@ -200,7 +207,8 @@ def packed_policy_hidden(params, cfg: lm.CausalLM, traj: Trajectory, *, group_si
       keep=keep)
   policy = traj.policy_mask[:, lp:].reshape(-1)
   (index,) = jnp.nonzero(policy, size=slots, fill_value=policy.shape[0])
-  packing = Packing(index.astype(jnp.int32), index < policy.shape[0])
+  complete = (jnp.sum(policy) <= slots) & (jnp.sum(kept) <= slots)
+  packing = Packing(index.astype(jnp.int32), index < policy.shape[0], complete)
   # Each policy token's predictor: its prompt's last column, or a kept input's slot.
   row = index // n
   predictor = jnp.take(predictor_columns(traj.valid, lp).reshape(-1), index, mode="clip") - lp
