@@ -477,18 +477,19 @@ class GRPO:
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
                      correct=jnp.asarray(correct), role_baseline=baseline,
                      reward_pairs=reward_pairs,
-                     packed_slots=self._packed_slots(traj, int(state.updates) == 0))
+                     packed_slots=self._packed_slots(traj, state.updates))
 
-  def _packed_slots(self, traj: types.Trajectory, first_update: bool) -> jax.Array | None:
+  def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
     M bounds every minibatch's tokens, rounded by `shapes.half_octave`. The run's first
-    update takes every slot (`_all_slots`), the count `precompile` compiled for ahead of
-    the first rollout. A function of the batch and the step only, never of what this
-    process compiled before: a resumed run packs each step as the uninterrupted one did."""
+    update (`updates`, the state's count, is 0) takes every slot (`_all_slots`), the
+    count `precompile` compiled for ahead of the first rollout. A function of the batch
+    and the state only, never of what this process compiled before: a resumed run packs
+    each step as the uninterrupted one did."""
     s = self.settings
     if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
       return None
-    if first_update:
+    if int(updates) == 0:  # read only where packing applies: it waits for the state
       return jnp.zeros((self._all_slots(traj),), bool)
     return jnp.zeros((scoring.packed_slots(traj, rows=traj.tokens.shape[0] // s.minibatches,
                                            group_size=s.prompt_group),), bool)

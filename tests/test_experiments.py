@@ -146,15 +146,16 @@ def test_packed_replies_engage_where_they_apply():
   traj = types.single_turn(jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
                            jnp.ones((b, n), jnp.int32),
                            jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n)))
-  slots = algorithm._packed_slots(traj, first_update=False)
+  later, first = jnp.int32(3), jnp.int32(0)  # the state's update count
+  slots = algorithm._packed_slots(traj, later)
   assert slots is not None and lengths.sum() <= slots.shape[0] < b * n
   assert slots.shape == (96,)  # 78 tokens, rounded up to a half octave
   # The run's first update takes every slot: the shape compiled ahead of its rollout.
-  assert algorithm._packed_slots(traj, first_update=True).shape == (b * n,)
+  assert algorithm._packed_slots(traj, first).shape == (b * n,)
   config.pack_replies = False
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, first_update=False) is None
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
   config.pack_replies, config.share_prompt = True, False  # packing follows a shared prompt
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, first_update=False) is None
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
 
 
 def _cli(workdir, *flags, **popen):
