@@ -482,22 +482,18 @@ class GRPO:
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
     M bounds every minibatch's tokens, rounded by `shapes.half_octave`. The run's first
-    update (`updates`, the state's count, is 0) takes every slot (`_all_slots`), the
-    count `precompile` compiled for ahead of the first rollout. A function of the batch
-    and the state only, never of what this process compiled before: a resumed run packs
-    each step as the uninterrupted one did."""
+    update (`updates`, the state's count, is 0) scores padded rows: the program
+    `precompile` compiled while the first rollout sampled (a packed one compiled longer
+    than that rollout and made the first step slower). A function of the batch and the
+    state only, never of what this process compiled before: a resumed run packs each
+    step as the uninterrupted one did."""
     s = self.settings
     if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
       return None
     if int(updates) == 0:  # read only where packing applies: it waits for the state
-      return jnp.zeros((self._all_slots(traj),), bool)
+      return None
     return jnp.zeros((scoring.packed_slots(traj, rows=traj.tokens.shape[0] // s.minibatches,
                                            group_size=s.prompt_group),), bool)
-
-  def _all_slots(self, traj: types.Trajectory) -> int:
-    """A minibatch's padded reply tokens: what the padded rows cost."""
-    rows = traj.tokens.shape[0] // self.settings.minibatches
-    return rows * (traj.tokens.shape[1] - traj.prompt_width)
 
   def update(self, state, batch, rng, progress):
     if self.beside is None:
@@ -525,15 +521,11 @@ class GRPO:
     b, t = s.prompts_per_step * s.group_size, traj.tokens.shape[1]
     traj = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype), traj)
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    packed = None
-    if s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group):
-      if int(state.updates):  # a host read of a scalar, once per process
-        return  # a resumed run packs to its replies' lengths, unknown before sampling
-      # The first update takes every slot (`_packed_slots`): its shape is known now.
-      packed = jax.ShapeDtypeStruct((self._all_slots(traj),), jnp.bool_)
+    if s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group) and int(
+        state.updates):  # a host read of a scalar, once per process
+      return  # a resumed run packs to its replies' lengths, unknown before sampling
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
-                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b),
-                      packed_slots=packed)
+                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
     self._update.start(state._replace(reward_model=None), batch, rng, f32())
 
 

@@ -115,7 +115,7 @@ def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, 
       assert not slot_counts
     runs[pack] = (_untimed(_records(workdir, "train")),
                   checkpointing.latest_policy_params(workdir)[0])
-  # The packed path ran: traced once per compiled program, one minibatch's slots.
+  # The packed path ran (from the second update): traced once per compiled program.
   rows = config.prompts_per_step * config.group_size // minibatches
   assert slot_counts and max(slot_counts) <= rows * config.max_new_tokens, slot_counts
   (want, want_params), (got, got_params) = runs[False], runs[True]
@@ -150,8 +150,8 @@ def test_packed_replies_engage_where_they_apply():
   slots = algorithm._packed_slots(traj, later)
   assert slots is not None and lengths.sum() <= slots.shape[0] < b * n
   assert slots.shape == (96,)  # 78 tokens, rounded up to a half octave
-  # The run's first update takes every slot: the shape compiled ahead of its rollout.
-  assert algorithm._packed_slots(traj, first).shape == (b * n,)
+  # The run's first update scores padded rows: the program compiled ahead of its rollout.
+  assert algorithm._packed_slots(traj, first) is None
   config.pack_replies = False
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
   config.pack_replies, config.share_prompt = True, False  # packing follows a shared prompt

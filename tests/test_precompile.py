@@ -83,6 +83,9 @@ def test_a_run_with_its_first_update_precompiled_logs_what_one_without_logs(
   config = grpo_arithmetic.get_config("tiny")
   # Groups sampled: twice those trained on (the prediction is of the update's batch).
   config.eval_every, config.oversample = 0, 2
+  # Padded rows throughout: with packed replies only the first update runs the padded
+  # program compiled ahead, and later ones their own (grpo.GRPO._packed_slots).
+  config.pack_replies = False
   grpo.train(config, str(tmp_path / "ahead"), progress=False)
   (update,) = instances
   # The tiny random model's replies run to the budget, as `likely_trajectory` predicts:
