@@ -351,10 +351,11 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
     tokens, scored_mask = scoring.scored(traj, traj.tokens), scoring.scored(traj, mask)
     to_stream = lambda x: scoring.to_stream(x, traj)
   else:
-    logits_of = lambda p: scoring.packed_policy_logits(
-        p, cfg, traj, group_size=s.prompt_group, slots=slots)[0]
-    logits, packing = scoring.packed_policy_logits(params, cfg, traj,
-                                                   group_size=s.prompt_group, slots=slots)
+    packed_logits = lambda p: scoring.packed_policy_logits(p, cfg, traj,
+                                                           group_size=s.prompt_group,
+                                                           slots=slots)
+    logits_of = lambda p: packed_logits(p)[0]
+    logits, packing = packed_logits(params)
     tokens, scored_mask = scoring.packed_tokens(traj, packing), packing.valid
     to_stream = lambda x: scoring.unpack(x, packing, traj)
   logp, entropy = scoring.token_logprobs(logits, tokens, scored_mask,
