@@ -10,8 +10,10 @@ x G completions (the race's shapes by default):
   (`samples_per_prompt=G`) against the same prompts repeated G times; both
   draw the same tokens from the same key, so the work compared is identical.
 - update: the GRPO experiment's jitted update (loss, gradient, AdamW) on a
-  batch with completions of each width in --widths, with `share_prompt` on
-  (each prompt goes through the model once per group) and off (once per row).
+  batch with completions of each width in --widths (lengths drawn uniformly up
+  to it), in each of UPDATE_MODES: `share_prompt` off (each prompt once per
+  row) and on (once per group), and packed replies (`pack_replies`: only the
+  reply tokens, in the slots a run's later update of that batch gets).
 
 Each figure is the best of --repeats timed calls after a warm-up call; compile
 time is the warm-up's excess over the best call. The last line of output is
@@ -35,7 +37,11 @@ from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.rollout import scoring, single_turn
+
+# The update's modes: a row per completion with its prompt; each group's prompt once
+# (share_prompt); and only the reply tokens, packed into one stream (pack_replies).
+UPDATE_MODES = ("per_row", "shared_prompt", "packed")
 
 
 def best_of(fn, repeats: int) -> tuple[float, float]:
@@ -60,6 +66,9 @@ def main() -> None:
   ap.add_argument("--repeats", type=int, default=3)
   args = ap.parse_args()
   p, g = args.prompts, args.group_size
+  widths = [int(w) for w in args.widths.split(",")]
+  if max(widths) > args.max_new_tokens:
+    ap.error(f"--widths {args.widths} must be at most --max-new-tokens {args.max_new_tokens}")
 
   model = zoo.load("smollm2-135m-instruct")
   config = grpo_race.get_config()
@@ -92,7 +101,7 @@ def main() -> None:
 
   rng = np.random.default_rng(0)
   update = {}
-  for width in (int(w) for w in args.widths.split(",")):
+  for width in widths:
     lengths = rng.integers(1, width + 1, size=p * g)
     completion_mask = np.arange(width)[None, :] < lengths[:, None]
     completion = np.where(completion_mask, rng.integers(100, 1000, size=(p * g, width)), 0)
@@ -104,22 +113,30 @@ def main() -> None:
     batch = grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
                            old_logp=zeros, ref_logp=zeros, correct=jnp.zeros(p * g))
     row = {}
-    for share in (False, True):
-      config.share_prompt = share
+    for mode in UPDATE_MODES:
+      config.share_prompt = mode != "per_row"
+      config.pack_replies = mode == "packed"
       algorithm = grpo.GRPO(config, model.cfg)
+      step_batch = batch
+      if mode == "packed":  # the slots a run's later update of this batch gets
+        slots = scoring.packed_slots(traj, rows=p * g, group_size=g)
+        step_batch = batch._replace(packed_slots=jnp.zeros((slots,), bool))
       state = [algorithm.init_state(jax.tree.map(jnp.copy, model.params), key)]
 
-      def step(algorithm=algorithm, state=state, batch=batch):
+      def step(algorithm=algorithm, state=state, batch=step_batch):
         state[0], metrics = algorithm.update(state[0], batch, key, progress=0.0)
         return metrics["loss"]
 
       compile_s, best = best_of(step, args.repeats)
-      name = "shared_prompt" if share else "per_row"
-      row[name] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
-      print(f"update width {width:3d} {name:13s} {best:6.2f} s   (compile {compile_s:.1f} s)",
+      row[mode] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
+      if step_batch.packed_slots is not None:
+        row[mode]["slots"] = int(step_batch.packed_slots.shape[0])
+      print(f"update width {width:3d} {mode:14s} {best:6.2f} s   (compile {compile_s:.1f} s)",
             flush=True)
       del state
     row["speedup"] = round(row["per_row"]["seconds"] / row["shared_prompt"]["seconds"], 2)
+    row["packed_speedup"] = round(row["shared_prompt"]["seconds"] / row["packed"]["seconds"],
+                                  2)
     update[str(width)] = row
   results["update"] = update
   print(json.dumps(results))
