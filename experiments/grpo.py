@@ -88,6 +88,9 @@ class GRPOSettings:
       into one stream (`scoring.packed_policy_logits`), not B rows of the longest
       reply's width; where packing does not apply (multi-turn blocks, a mesh) the
       rows stay padded.
+    pack_below: a batch packs only if its slots are at most this fraction of the
+      padded rows' reply columns: where packing saves less, the padded program
+      (one per reply width) serves, and the run compiles fewer programs.
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
@@ -108,6 +111,7 @@ class GRPOSettings:
   minibatches: int = 1
   share_prompt: bool = False
   pack_replies: bool = False
+  pack_below: float = 1.0
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -205,6 +209,7 @@ def settings_from_config(config) -> GRPOSettings:
       epochs=config.epochs, minibatches=config.minibatches,
       share_prompt=config.get("share_prompt", False),
       pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
+      pack_below=float(config.get("pack_below", 1.0)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
@@ -493,8 +498,11 @@ class GRPO:
       return None
     if int(updates) == 0:  # read only where packing applies: it waits for the state
       return None
-    return jnp.zeros((scoring.packed_slots(traj, rows=traj.tokens.shape[0] // s.minibatches,
-                                           group_size=s.prompt_group),), bool)
+    rows = traj.tokens.shape[0] // s.minibatches
+    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
+    if slots > s.pack_below * rows * (traj.tokens.shape[1] - traj.prompt_width):
+      return None  # packing would save too little: the padded rows' program
+    return jnp.zeros((slots,), bool)
 
   def update(self, state, batch, rng, progress):
     if self.beside is None:

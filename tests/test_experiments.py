@@ -152,6 +152,13 @@ def test_packed_replies_engage_where_they_apply():
   assert slots.shape == (96,)  # 78 tokens, rounded up to a half octave
   # The run's first update scores padded rows: the program compiled ahead of its rollout.
   assert algorithm._packed_slots(traj, first) is None
+  # pack_below: packing only where the slots are at most that fraction of the padded
+  # rows' 12 x 16 = 192 reply columns (96 / 192 = 0.5).
+  config.pack_below = 0.5
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later).shape == (96,)
+  config.pack_below = 0.45
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  config.pack_below = 1.0
   config.pack_replies = False
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
   config.pack_replies, config.share_prompt = True, False  # packing follows a shared prompt

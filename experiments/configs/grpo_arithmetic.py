@@ -154,6 +154,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # few more compiles as replies shorten (rollout/shapes.py: half octaves). Rows in
   # multi-turn blocks stay padded.
   c.pack_replies = True
+  # ...only where its slots are at most this fraction of the padded rows' reply
+  # columns; elsewhere the padded program (one per reply width) serves. 1.0: always.
+  c.pack_below = 1.0
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
   # "train_time", the fraction of time_budget_s spent (for time-budgeted runs).
