@@ -490,9 +490,10 @@ class GRPO:
     M bounds every minibatch's tokens, rounded by `shapes.half_octave`. The run's first
     update (`updates`, the state's count, is 0) scores padded rows: the program
     `precompile` compiled while the first rollout sampled (a packed one compiled longer
-    than that rollout and made the first step slower). A function of the batch and the
-    state only, never of what this process compiled before: a resumed run packs each
-    step as the uninterrupted one did."""
+    than that rollout and made the first step slower). A function of the batch, the state
+    and the config only, never of what this process compiled before: a resumed run packs
+    each step as the uninterrupted one did. With `pack_below` < 1 a batch whose slots
+    would save too little scores padded rows too."""
     s = self.settings
     if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
       return None
@@ -572,6 +573,9 @@ def validate(config) -> None:
   if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo",
                                                     "reinforce_pp_baseline", "gdpo"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")
+  if not 0.0 < settings.pack_below <= 1.0:  # NaN fails too
+    raise ValueError(f"pack_below {settings.pack_below} must be in (0, 1]: the fraction of "
+                     "the padded rows' reply columns under which a batch packs (1: always)")
 
 
 def _validate_role_advantage(config) -> None:

@@ -158,6 +158,17 @@ def test_packed_replies_engage_where_they_apply():
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later).shape == (96,)
   config.pack_below = 0.45
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  # Per minibatch: 3 minibatches of one group (4 rows x 16 = 64 columns); the fullest
+  # group holds 42 tokens -> 48 slots (48 / 64 = 0.75).
+  config.minibatches, config.pack_below = 3, 0.75
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later).shape == (48,)
+  config.pack_below = 0.7
+  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  config.minibatches, config.pack_below = 1, 1.0
+  for bad in (0.0, 1.5, float("nan")):
+    config.pack_below = bad
+    with pytest.raises(ValueError, match="pack_below"):
+      grpo.validate(config)
   config.pack_below = 1.0
   config.pack_replies = False
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
