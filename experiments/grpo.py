@@ -495,7 +495,7 @@ class GRPO:
     each step as the uninterrupted one did. With `pack_below` < 1 a batch whose slots
     would save too little scores padded rows too."""
     s = self.settings
-    if not (s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)):
+    if not self._can_pack(traj):
       return None
     if int(updates) == 0:  # read only where packing applies: it waits for the state
       return None
@@ -504,6 +504,11 @@ class GRPO:
     if slots > s.pack_below * rows * (traj.tokens.shape[1] - traj.prompt_width):
       return None  # packing would save too little: the padded rows' program
     return jnp.zeros((slots,), bool)
+
+  def _can_pack(self, traj: types.Trajectory) -> bool:
+    """Packing is on and applies to `traj` (one reply block per row, shared prompts)."""
+    s = self.settings
+    return s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)
 
   def update(self, state, batch, rng, progress):
     if self.beside is None:
@@ -531,8 +536,7 @@ class GRPO:
     b, t = s.prompts_per_step * s.group_size, traj.tokens.shape[1]
     traj = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype), traj)
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    if s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group) and int(
-        state.updates):  # a host read of a scalar, once per process
+    if self._can_pack(traj) and int(state.updates):  # a host read, once per process
       return  # a resumed run packs to its replies' lengths, unknown before sampling
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
