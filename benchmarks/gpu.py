@@ -53,6 +53,12 @@ def parse_args():
   p.add_argument("--train-shapes", default="8x256,32x1024",
                  help="comma-separated BATCHxSEQ train-step shapes")
   p.add_argument("--dtypes", default="float32,bfloat16")
+  p.add_argument("--layouts", default="list",
+                 help="comma-separated layer layouts of the project's train step: list (one "
+                      "program per layer, the CPU's default), stacked (one lax.scan, nothing "
+                      "rematerialized), stacked-full or stacked-dots (the scanned layer "
+                      "rematerialized by transformer.REMAT_POLICIES)")
+  p.add_argument("--skip-torch", action="store_true", help="the train step's torch side")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--skip-sampler", action="store_true")
   p.add_argument("--skip-train", action="store_true")
@@ -75,7 +81,7 @@ import cpu_info  # noqa: E402
 from jaxrl_agents import losses  # noqa: E402
 from jaxrl_agents import optim as optim_lib  # noqa: E402
 from jaxrl_agents.models import tokenizer as tokenizer_lib  # noqa: E402
-from jaxrl_agents.models import zoo  # noqa: E402
+from jaxrl_agents.models import transformer, zoo  # noqa: E402
 from jaxrl_agents.rollout import scoring  # noqa: E402
 
 NEW_TOKENS = 64
@@ -164,10 +170,22 @@ class TrainBatch(NamedTuple):
   reply: jax.Array
 
 
-def ours_train_step(model, tokens: np.ndarray, dtype: str):
+def layout_params(model, layout: str):
+  """(params, cfg) of `layout` (`--layouts`), as `experiments.common.load_model` sets them
+  from `config.layout` and `config.remat`."""
+  if layout == "list":
+    return model.params, model.cfg
+  name, _, remat = layout.partition("-")
+  if name != "stacked" or (remat or "none") not in transformer.REMAT_POLICIES:
+    raise ValueError(f"unknown layout {layout!r}: list, stacked, stacked-full or stacked-dots")
+  return transformer.stack_layers(model.params), model.cfg.replace(remat=remat or "none")
+
+
+def ours_train_step(model, tokens: np.ndarray, dtype: str, layout: str = "list"):
   """(step, close) of the project's SFT update on every token of `tokens`: jitted, the
   state donated (`experiments.sft.make_update`)."""
-  cfg = model.cfg.replace(dtype=dtype)
+  params, cfg = layout_params(model, layout)
+  cfg = cfg.replace(dtype=dtype)
   optimizer = optim_lib.make_optimizer(learning_rate=1e-5, total_updates=1000, grad_clip=None)
 
   def loss(params, batch: TrainBatch):
@@ -176,7 +194,7 @@ def ours_train_step(model, tokens: np.ndarray, dtype: str):
 
   update = jax.jit(functools.partial(optim_lib.update_state, optimizer, loss, epochs=1,
                                      minibatches=1), donate_argnums=0)
-  params = jax.tree.map(jnp.copy, model.params)
+  params = jax.tree.map(jnp.copy, params)
   box = [TrainState(params, optimizer.tx.init(params), jnp.zeros((), jnp.int32))]
   ones = jnp.ones(tokens.shape, bool)
   batch = TrainBatch(jnp.asarray(tokens), ones, ones)
@@ -216,6 +234,11 @@ def torch_train_step(hf_dir: str, tokens: np.ndarray, dtype: str, device: str):
   return step, close
 
 
+def is_out_of_memory(e: Exception) -> bool:
+  """XLA's RESOURCE_EXHAUSTED or torch's OutOfMemoryError."""
+  return "RESOURCE_EXHAUSTED" in str(e) or isinstance(e, torch.OutOfMemoryError)
+
+
 def time_steps(step, repeats: int) -> tuple[float, float]:
   """(first call s, best of `repeats` later calls)."""
   start = time.perf_counter()
@@ -230,23 +253,36 @@ def time_steps(step, repeats: int) -> tuple[float, float]:
 
 
 def bench_train(model, hf_dir: str, torch_device: str, shapes, dtypes, repeats,
-                peak: dict) -> dict:
-  """Each (shape, dtype, system) alone: its state is freed before the next starts."""
-  result = {"tok_s": {"ours": {}, "torch": {}}, "compile_s": {}, "mfu": {"ours": {}, "torch": {}}}
+                peak: dict, layouts=("list",), with_torch: bool = True) -> dict:
+  """Each (shape, dtype, system) alone: its state is freed before the next starts. The
+  project's rows are keyed by layout too where more than one is asked for; a row that
+  runs out of the card's memory is recorded as such and the run goes on."""
+  result = {"tok_s": {"ours": {}, "torch": {}}, "compile_s": {}, "mfu": {"ours": {}, "torch": {}},
+            "out_of_memory": []}
+  base = {}
   for batch, seq in shapes:
     tokens = np.random.default_rng(0).integers(3, model.cfg.vocab_size, (batch, seq),
                                                 dtype=np.int32)
     flops_per_token = 6 * model.cfg.num_params + 12 * model.cfg.n_layers * seq * (
         model.cfg.n_heads * model.cfg.head_dim)
     for dtype in dtypes:
-      key = f"{dtype}_{batch}x{seq}"
-      for system in ("ours", "torch"):
-        step, close = (ours_train_step(model, tokens, dtype) if system == "ours" else
-                       torch_train_step(hf_dir, tokens, dtype, torch_device))
+      runs = [("ours", layout) for layout in layouts] + ([("torch", "")] if with_torch else [])
+      for system, layout in runs:
+        key = f"{dtype}_{batch}x{seq}" + (f"_{layout}" if len(layouts) > 1 and layout else "")
+        base[key] = f"{dtype}_{batch}x{seq}"  # the torch row an ours row compares with
         try:
-          first, best = time_steps(step, repeats)
-        finally:
-          close()
+          step, close = (ours_train_step(model, tokens, dtype, layout) if system == "ours" else
+                         torch_train_step(hf_dir, tokens, dtype, torch_device))
+          try:
+            first, best = time_steps(step, repeats)
+          finally:
+            close()
+        except Exception as e:  # noqa: BLE001 - an out-of-memory row is a result; others raise
+          if not is_out_of_memory(e):
+            raise
+          result["out_of_memory"].append(f"{system} {key}")
+          print(f"train   {system:5s} {key:18s}: out of memory ({type(e).__name__})", flush=True)
+          continue
         tok_s = batch * seq / best
         result["tok_s"][system][key] = tok_s
         result["mfu"][system][key] = tok_s * flops_per_token / (peak[f"jax_{dtype}"] * 1e12)
@@ -254,8 +290,9 @@ def bench_train(model, hf_dir: str, torch_device: str, shapes, dtypes, repeats,
           result["compile_s"][key] = max(first - best, 0.0)
         print(f"train   {system:5s} {key:18s}: {tok_s:9.0f} tok/s, step {best * 1e3:7.1f} ms "
               f"(first {first:.1f} s), MFU {result['mfu'][system][key]:.3f}", flush=True)
-  result["ratio_vs_torch"] = {k: v / result["tok_s"]["torch"][k]
-                              for k, v in result["tok_s"]["ours"].items()}
+  result["ratio_vs_torch"] = {k: v / result["tok_s"]["torch"][base[k]]
+                              for k, v in result["tok_s"]["ours"].items()
+                              if base[k] in result["tok_s"]["torch"]}
   return result
 
 
@@ -283,7 +320,8 @@ def main():
   if not ARGS.skip_train:
     shapes = [tuple(int(x) for x in s.split("x")) for s in ARGS.train_shapes.split(",")]
     result["train_step"] = bench_train(model, hf_dir, torch_device, shapes, dtypes,
-                                       ARGS.repeats, peak)
+                                       ARGS.repeats, peak, ARGS.layouts.split(","),
+                                       with_torch=not ARGS.skip_torch)
   if ARGS.random_weights:
     shutil.rmtree(hf_dir, ignore_errors=True)
   print(json.dumps(result))
