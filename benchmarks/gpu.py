@@ -3,6 +3,8 @@
   python benchmarks/gpu.py                          # SmolLM2-135M-Instruct's weights
   python benchmarks/gpu.py --random-weights DIR     # DIR's config.json and tokenizer,
                                                     # random weights (same shapes)
+  python benchmarks/gpu.py --skip-sampler --layouts list,stacked-full,stacked-dots
+                                                    # the train step in several layer layouts
 
 On a card both sides run in one process, one after the other: JAX is told to
 take at most `--jax-memory-fraction` of the card's memory so torch has the rest.
