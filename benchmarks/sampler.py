@@ -111,7 +111,7 @@ def load_hf(hf_dir, dtype):
   import torch
   from transformers import AutoModelForCausalLM
 
-  torch.set_num_threads(os.cpu_count() or 2)
+  torch.set_num_threads(len(os.sched_getaffinity(0)))  # the CPUs this process may use
   model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype))
   return model.eval()
 

@@ -27,7 +27,7 @@ def main():
   p.add_argument("--hf-dir", required=True)
   p.add_argument("--tokens", required=True)
   args = p.parse_args()
-  torch.set_num_threads(os.cpu_count() or 2)
+  torch.set_num_threads(len(os.sched_getaffinity(0)))  # the CPUs this process may use
   model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32)
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
