@@ -111,7 +111,7 @@ class GRPOSettings:
   minibatches: int = 1
   share_prompt: bool = False
   pack_replies: bool = False
-  pack_below: float = 1.0
+  pack_below: float = 0.5
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -209,7 +209,7 @@ def settings_from_config(config) -> GRPOSettings:
       epochs=config.epochs, minibatches=config.minibatches,
       share_prompt=config.get("share_prompt", False),
       pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
-      pack_below=float(config.get("pack_below", 1.0)),
+      pack_below=float(config.get("pack_below", 0.5)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction

@@ -156,7 +156,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.pack_replies = True
   # ...only where its slots are at most this fraction of the padded rows' reply
   # columns; elsewhere the padded program (one per reply width) serves. 1.0: always.
-  c.pack_below = 1.0
+  # 0.5 measured against 1.0 (README, "Packed replies"): fewer compiled programs for
+  # the same update time, the main job's training 6% shorter over three seeds.
+  c.pack_below = 0.5
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
   # "train_time", the fraction of time_budget_s spent (for time-budgeted runs).
