@@ -12,9 +12,10 @@ The policy gradient goes only through the 20% highest-entropy tokens (the
 entropy gate) and the learning rate decays to 0 over the run (cosine): chosen
 by `benchmarks/entropy_control.py` (README, "Keeping the policy exploring").
 Expected on a 2-core CPU (measured, three seeds on one machine): held-out
-strict accuracy on the 100-question test split 0.32 before training, 0.52-0.65
-after 25 steps, 0.63-0.71 after 50, every seed at or above its midpoint (the
-standard error of each is about 5 points; machines differ by more). Details in
+strict accuracy on the 100-question test split 0.32 before training, 0.50-0.69
+after 25 steps, 0.62-0.74 after 50, in about 4 minutes of training on a Zen 5
+EPYC (the standard error of each figure is about 5 points; machines differ by
+more). Details in
 the README's "Main job" section. Other GRPO and PPO configs build on
 `base_config` (no token control, a constant rate).
 
