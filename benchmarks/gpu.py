@@ -65,9 +65,16 @@ def parse_args():
   p.add_argument("--skip-sampler", action="store_true")
   p.add_argument("--skip-train", action="store_true")
   p.add_argument("--jax-memory-fraction", type=float, default=0.45)
-  return p.parse_args()
+  args = p.parse_args()
+  unknown = sorted(set(args.layouts.split(",")) - set(LAYOUTS))
+  if unknown:
+    p.error(f"--layouts: unknown {unknown}; choose from {', '.join(LAYOUTS)}")
+  return args
 
 
+# The train step's layer layouts: the per-layer list, or the stacked layers with the
+# scanned layer rematerialized by a `transformer.REMAT_POLICIES` name ("stacked": none).
+LAYOUTS = ("list", "stacked", "stacked-full", "stacked-dots")
 ARGS = parse_args()
 # Before JAX starts: leave the rest of the card to torch.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(ARGS.jax_memory_fraction))
@@ -177,10 +184,8 @@ def layout_params(model, layout: str):
   from `config.layout` and `config.remat`."""
   if layout == "list":
     return model.params, model.cfg
-  name, _, remat = layout.partition("-")
-  if name != "stacked" or (remat or "none") not in transformer.REMAT_POLICIES:
-    raise ValueError(f"unknown layout {layout!r}: list, stacked, stacked-full or stacked-dots")
-  return transformer.stack_layers(model.params), model.cfg.replace(remat=remat or "none")
+  remat = layout.partition("-")[2] or "none"
+  return transformer.stack_layers(model.params), model.cfg.replace(remat=remat)
 
 
 def ours_train_step(model, tokens: np.ndarray, dtype: str, layout: str = "list"):
