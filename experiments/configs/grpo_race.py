@@ -29,6 +29,11 @@ The runs above are on an AVX2-only machine. This config on an AVX-512/AMX
 machine of the same kind, in one race invocation (2026-11-24): 0.26 .61 .72
 .70 .75 .75 .76 in 252 steps, TRL 0.26 .54 .67 .70 .72 .75 .70 in 318 steps.
 
+On a 2-core Zen 5 EPYC (AVX-512, no AMX), 2026-11-27, with the update's
+packing as shipped (`pack_below=0.5`, from the main job's config): 0.26 .63
+.69 .72 .75 .75 .75 in 463 steps, TRL 0.26 .46 .62 .64 .70 .73 .68 in 195
+(speedup to TRL's final 2.98; README, "Learning race").
+
 The main job's entropy gate (gradient through the 20% highest-entropy tokens)
 added to this config, one race invocation on an AVX-512 machine without AMX
 (2026-11-26): 0.26 .57 .48 .71 .74 .74 .75 in 190 steps, TRL 0.26 .46 .62
