@@ -209,7 +209,7 @@ def settings_from_config(config) -> GRPOSettings:
       epochs=config.epochs, minibatches=config.minibatches,
       share_prompt=config.get("share_prompt", False),
       pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
-      pack_below=float(config.get("pack_below", 0.5)),
+      pack_below=float(config.get("pack_below", GRPOSettings.pack_below)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction

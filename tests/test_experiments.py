@@ -108,7 +108,7 @@ def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, 
     config = grpo_arithmetic.get_config("tiny")
     config.steps, config.kl_coef, config.kl_estimator = 3, 0.05, "forward"
     config.entropy_coef, config.pack_replies = 0.01, pack
-    config.pack_below = 1.0  # every batch packs (the tiny model's replies fill their rows)
+    config.pack_below = 1.0  # every batch packs, however full its rows are
     config.prompts_per_step, config.epochs, config.minibatches = 4, epochs, minibatches
     workdir = str(tmp_path / str(pack))
     grpo.train(config, workdir, progress=False)
