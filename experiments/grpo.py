@@ -421,6 +421,7 @@ class GRPO:
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
+    self._reply_budget = config.max_new_tokens  # a packed batch's reply columns
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -480,10 +481,25 @@ class GRPO:
     old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
-    return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
-                     correct=jnp.asarray(correct), role_baseline=baseline,
-                     reward_pairs=reward_pairs,
-                     packed_slots=self._packed_slots(traj, state.updates))
+    batch = GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
+                      correct=jnp.asarray(correct), role_baseline=baseline,
+                      reward_pairs=reward_pairs,
+                      packed_slots=self._packed_slots(traj, state.updates))
+    return batch if batch.packed_slots is None else self._full_width(batch)
+
+  def _full_width(self, batch: GRPOBatch) -> GRPOBatch:
+    """A packed batch with its stream widened to the whole reply budget. A packed update's
+    cost is its slots; its width only sizes the gathers and the per-token loss. Without
+    this each slot count would compile once per trimmed reply width (8 to the budget, a
+    power of two: the longest reply of the step) that comes with it."""
+    traj, width = batch.traj, batch.traj.prompt_width + self._reply_budget
+    if traj.tokens.shape[1] >= width:
+      return batch
+    wide = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])))
+    return batch._replace(
+        traj=types.pad_columns(traj, width), old_logp=wide(batch.old_logp),
+        ref_logp=wide(batch.ref_logp),
+        advantages=batch.advantages if batch.advantages.ndim == 1 else wide(batch.advantages))
 
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
@@ -511,6 +527,13 @@ class GRPO:
     return s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)
 
   def update(self, state, batch, rng, progress):
+    state, metrics = self._update_policy(state, batch, rng, progress)
+    # Which program the step ran: its packed slots (0: padded rows) and stream width.
+    return state, {**metrics, "update_slots": 0 if batch.packed_slots is None
+                   else batch.packed_slots.shape[0],
+                   "update_columns": batch.traj.tokens.shape[1]}
+
+  def _update_policy(self, state, batch, rng, progress):
     if self.beside is None:
       return self._update(state, batch, rng, jnp.float32(progress))
     # The policy's update and the reward model's step are separate programs: the
