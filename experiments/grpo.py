@@ -37,7 +37,7 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import lm
-from jaxrl_agents.rollout import scoring, self_play
+from jaxrl_agents.rollout import scoring, self_play, shapes, single_turn
 
 log = logging.getLogger(__name__)
 
@@ -422,6 +422,11 @@ class GRPO:
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
     self._reply_budget = config.max_new_tokens  # a packed batch's reply columns
+    # The update programs this process compiled or started: ("packed", slots) or
+    # ("padded", reply columns). config.compile_ahead: compile the next step's likely
+    # ones in the background (`_compile_next`).
+    self._programs: set[tuple[str, int]] = set()
+    self._compile_ahead = config.get("compile_ahead", True)
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -485,6 +490,10 @@ class GRPO:
                       correct=jnp.asarray(correct), role_baseline=baseline,
                       reward_pairs=reward_pairs,
                       packed_slots=self._packed_slots(traj, state.updates))
+    self._programs.add(("padded", traj.tokens.shape[1] - traj.prompt_width)
+                       if batch.packed_slots is None else ("packed", batch.packed_slots.shape[0]))
+    if self._compile_ahead:
+      self._compile_next(state, batch, rng)
     return batch if batch.packed_slots is None else self._full_width(batch)
 
   def _full_width(self, batch: GRPOBatch) -> GRPOBatch:
@@ -510,16 +519,67 @@ class GRPO:
     and the config only, never of what this process compiled before: a resumed run packs
     each step as the uninterrupted one did. With `pack_below` < 1 a batch whose slots
     would save too little scores padded rows too."""
-    s = self.settings
     if not self._can_pack(traj):
       return None
     if int(updates) == 0:  # read only where packing applies: it waits for the state
       return None
-    rows = traj.tokens.shape[0] // s.minibatches
-    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
-    if slots > s.pack_below * rows * (traj.tokens.shape[1] - traj.prompt_width):
+    slots = self._slot_count(traj)
+    if not self._packs(slots, traj, traj.tokens.shape[1] - traj.prompt_width):
       return None  # packing would save too little: the padded rows' program
     return jnp.zeros((slots,), bool)
+
+  def _slot_count(self, traj: types.Trajectory) -> int:
+    """The packed slots a minibatch of `traj` needs (`scoring.packed_slots`; host-side)."""
+    s = self.settings
+    return scoring.packed_slots(traj, rows=traj.tokens.shape[0] // s.minibatches,
+                                group_size=s.prompt_group)
+
+  def _packs(self, slots: int, traj: types.Trajectory, reply_columns: int) -> bool:
+    """Whether `slots` packed slots save enough against a minibatch of `traj`'s rows padded
+    to `reply_columns` (`pack_below`)."""
+    s = self.settings
+    return slots <= s.pack_below * (traj.tokens.shape[0] // s.minibatches) * reply_columns
+
+  def likely_next_programs(self, traj: types.Trajectory) -> list[tuple[str, int]]:
+    """The update programs the step after `traj`'s most likely runs, as ("packed", slots)
+    or ("padded", reply columns): replies shorten over a run, so the slots `traj` needs
+    and the next smaller count (`shapes.half_octave_below`) where they pack, and the
+    padded rows of the next narrower trimmed width where `traj`'s slots would not pack
+    in it. Empty where packing does not apply (its programs are the padded ones only)."""
+    if not self._can_pack(traj):
+      return []
+    slots, columns = self._slot_count(traj), traj.tokens.shape[1] - traj.prompt_width
+    likely = [("packed", m) for m in (slots, shapes.half_octave_below(slots))
+              if m and self._packs(m, traj, columns)]
+    narrower = single_turn.narrower_width(columns)
+    if narrower and not self._packs(slots, traj, narrower):
+      likely.append(("padded", narrower))
+    return likely
+
+  def _compile_next(self, state, batch: GRPOBatch, rng) -> None:
+    """Starts compiling, in the background (`precompile.py`), the programs of
+    `likely_next_programs` not compiled yet: a new slot count or width would otherwise
+    stop a step for the update's compile (12-16 s for SmolLM2 on 2 cores) as replies
+    shorten. Only which compile waits changes: every step runs the program its batch
+    selects, as without it."""
+    s = self.settings
+    if s.advantage == ROLE_ADVANTAGE or batch.advantages.ndim != 1:
+      return  # batches whose shapes depend on the episodes' turns
+    traj = batch.traj
+    t, lp = traj.tokens.shape[1], traj.prompt_width
+    spec = precompile.spec_of(batch._replace(role_baseline=None, reward_pairs=None,
+                                             packed_slots=None))
+    for kind, size in self.likely_next_programs(traj):
+      if (kind, size) in self._programs:
+        continue
+      self._programs.add((kind, size))
+      resized = jax.tree.map(functools.partial(
+          _with_columns, columns=t, width=lp + (self._reply_budget if kind == "packed" else size)),
+          spec)
+      if kind == "packed":
+        resized = resized._replace(packed_slots=jax.ShapeDtypeStruct((size,), jnp.bool_))
+      self._update.start(precompile.spec_of(state._replace(reward_model=None)), resized, rng,
+                         jax.ShapeDtypeStruct((), jnp.float32))
 
   def _can_pack(self, traj: types.Trajectory) -> bool:
     """Packing is on and applies to `traj` (one reply block per row, shared prompts)."""
@@ -561,9 +621,17 @@ class GRPO:
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     if self._can_pack(traj) and int(state.updates):  # a host read, once per process
       return  # a resumed run packs to its replies' lengths, unknown before sampling
+    self._programs.add(("padded", t - traj.prompt_width))
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
     self._update.start(state._replace(reward_model=None), batch, rng, f32())
+
+
+def _with_columns(x: jax.ShapeDtypeStruct, *, columns: int, width: int) -> jax.ShapeDtypeStruct:
+  """x with its second axis `width` where that axis is the stream's `columns` ([B, T])."""
+  if len(x.shape) < 2 or x.shape[1] != columns:
+    return x
+  return jax.ShapeDtypeStruct((x.shape[0], width, *x.shape[2:]), x.dtype, weak_type=x.weak_type)
 
 
 def _seed(rng) -> int:
