@@ -70,6 +70,19 @@ class GRPOBatch(NamedTuple):
   packed_slots: jax.Array | None = None
 
 
+class Program(NamedTuple):
+  """Which compiled update a batch runs: `slots` packed slots (0: padded rows) over replies
+  `width` columns wide (the rollout's trimmed width)."""
+  slots: int
+  width: int
+
+  @classmethod
+  def of(cls, batch: GRPOBatch) -> Program:
+    traj = batch.traj
+    return cls(0 if batch.packed_slots is None else batch.packed_slots.shape[0],
+               traj.tokens.shape[1] - traj.prompt_width)
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOSettings:
   """GRPO's static hyperparameters, read from the config once (hashable: jit keys on it).
@@ -421,11 +434,9 @@ class GRPO:
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
-    self._reply_budget = config.max_new_tokens  # a packed batch's reply columns
-    # The update programs this process compiled or started: ("packed", slots) or
-    # ("padded", reply columns). config.compile_ahead: compile the next step's likely
-    # ones in the background (`_compile_next`).
-    self._programs: set[tuple[str, int]] = set()
+    # The update programs this process compiled or started. config.compile_ahead:
+    # compile the next step's likely ones in the background (`_compile_next`).
+    self._programs: set[Program] = set()
     self._compile_ahead = config.get("compile_ahead", True)
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
@@ -490,25 +501,10 @@ class GRPO:
                       correct=jnp.asarray(correct), role_baseline=baseline,
                       reward_pairs=reward_pairs,
                       packed_slots=self._packed_slots(traj, state.updates))
-    self._programs.add(("padded", traj.tokens.shape[1] - traj.prompt_width)
-                       if batch.packed_slots is None else ("packed", batch.packed_slots.shape[0]))
+    self._programs.add(Program.of(batch))
     if self._compile_ahead:
       self._compile_next(state, batch, rng)
-    return batch if batch.packed_slots is None else self._full_width(batch)
-
-  def _full_width(self, batch: GRPOBatch) -> GRPOBatch:
-    """A packed batch with its stream widened to the whole reply budget. A packed update's
-    cost is its slots; its width only sizes the gathers and the per-token loss. Without
-    this each slot count would compile once per trimmed reply width (8 to the budget, a
-    power of two: the longest reply of the step) that comes with it."""
-    traj, width = batch.traj, batch.traj.prompt_width + self._reply_budget
-    if traj.tokens.shape[1] >= width:
-      return batch
-    wide = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])))
-    return batch._replace(
-        traj=types.pad_columns(traj, width), old_logp=wide(batch.old_logp),
-        ref_logp=wide(batch.ref_logp),
-        advantages=batch.advantages if batch.advantages.ndim == 1 else wide(batch.advantages))
+    return batch
 
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
@@ -540,46 +536,49 @@ class GRPO:
     s = self.settings
     return slots <= s.pack_below * (traj.tokens.shape[0] // s.minibatches) * reply_columns
 
-  def likely_next_programs(self, traj: types.Trajectory) -> list[tuple[str, int]]:
-    """The update programs the step after `traj`'s most likely runs, as ("packed", slots)
-    or ("padded", reply columns): replies shorten over a run, so the slots `traj` needs
-    and the next smaller count (`shapes.half_octave_below`) where they pack, and the
-    padded rows of the next narrower trimmed width where `traj`'s slots would not pack
-    in it. Empty where packing does not apply (its programs are the padded ones only)."""
+  def likely_next_programs(self, traj: types.Trajectory) -> list[Program]:
+    """The update programs the step after `traj`'s most likely runs, likeliest first:
+    replies shorten over a run, so at `traj`'s reply width the slots it needs and the
+    next smaller count (`shapes.half_octave_below`) where they pack, then the padded
+    rows of the next narrower width (`single_turn.narrower_width`) where `traj`'s slots
+    would not pack in it. Empty where packing does not apply (there every program is a
+    padded one, of a width the replies decide)."""
     if not self._can_pack(traj):
       return []
-    slots, columns = self._slot_count(traj), traj.tokens.shape[1] - traj.prompt_width
-    likely = [("packed", m) for m in (slots, shapes.half_octave_below(slots))
-              if m and self._packs(m, traj, columns)]
-    narrower = single_turn.narrower_width(columns)
+    slots, width = self._slot_count(traj), traj.tokens.shape[1] - traj.prompt_width
+    likely = [Program(m, width) for m in (slots, shapes.half_octave_below(slots))
+              if m and self._packs(m, traj, width)]
+    narrower = single_turn.narrower_width(width)
     if narrower and not self._packs(slots, traj, narrower):
-      likely.append(("padded", narrower))
+      likely.append(Program(0, narrower))
     return likely
 
   def _compile_next(self, state, batch: GRPOBatch, rng) -> None:
-    """Starts compiling, in the background (`precompile.py`), the programs of
+    """Starts compiling, in the background (`precompile.py`), the first program of
     `likely_next_programs` not compiled yet: a new slot count or width would otherwise
     stop a step for the update's compile (12-16 s for SmolLM2 on 2 cores) as replies
-    shorten. Only which compile waits changes: every step runs the program its batch
-    selects, as without it."""
+    shorten. One at a time, and none while one is still compiling: a queue of guesses
+    would hold up the one the next step needs and take a core from the steps. Only
+    which compile waits changes: every step runs the program its batch selects, as
+    without it."""
     s = self.settings
     if s.advantage == ROLE_ADVANTAGE or batch.advantages.ndim != 1:
       return  # batches whose shapes depend on the episodes' turns
-    traj = batch.traj
-    t, lp = traj.tokens.shape[1], traj.prompt_width
+    if not self._can_pack(batch.traj) or self._update.busy() or int(state.updates) == 0:
+      return  # the run's first update: a compile beside it would slow it (2 cores)
+    missing = [p for p in self.likely_next_programs(batch.traj) if p not in self._programs]
+    if not missing:
+      return
+    program, traj = missing[0], batch.traj
+    self._programs.add(program)
     spec = precompile.spec_of(batch._replace(role_baseline=None, reward_pairs=None,
                                              packed_slots=None))
-    for kind, size in self.likely_next_programs(traj):
-      if (kind, size) in self._programs:
-        continue
-      self._programs.add((kind, size))
-      resized = jax.tree.map(functools.partial(
-          _with_columns, columns=t, width=lp + (self._reply_budget if kind == "packed" else size)),
-          spec)
-      if kind == "packed":
-        resized = resized._replace(packed_slots=jax.ShapeDtypeStruct((size,), jnp.bool_))
-      self._update.start(precompile.spec_of(state._replace(reward_model=None)), resized, rng,
-                         jax.ShapeDtypeStruct((), jnp.float32))
+    spec = jax.tree.map(functools.partial(_with_columns, columns=traj.tokens.shape[1],
+                                          width=traj.prompt_width + program.width), spec)
+    if program.slots:
+      spec = spec._replace(packed_slots=jax.ShapeDtypeStruct((program.slots,), jnp.bool_))
+    self._update.start(precompile.spec_of(state._replace(reward_model=None)), spec, rng,
+                       jax.ShapeDtypeStruct((), jnp.float32))
 
   def _can_pack(self, traj: types.Trajectory) -> bool:
     """Packing is on and applies to `traj` (one reply block per row, shared prompts)."""
@@ -588,10 +587,9 @@ class GRPO:
 
   def update(self, state, batch, rng, progress):
     state, metrics = self._update_policy(state, batch, rng, progress)
-    # Which program the step ran: its packed slots (0: padded rows) and stream width.
-    return state, {**metrics, "update_slots": 0 if batch.packed_slots is None
-                   else batch.packed_slots.shape[0],
-                   "update_columns": batch.traj.tokens.shape[1]}
+    # Which program the step ran: its packed slots (0: padded rows) and reply width.
+    program = Program.of(batch)
+    return state, {**metrics, "update_slots": program.slots, "update_width": program.width}
 
   def _update_policy(self, state, batch, rng, progress):
     if self.beside is None:
@@ -621,7 +619,7 @@ class GRPO:
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     if self._can_pack(traj) and int(state.updates):  # a host read, once per process
       return  # a resumed run packs to its replies' lengths, unknown before sampling
-    self._programs.add(("padded", t - traj.prompt_width))
+    self._programs.add(Program(0, t - traj.prompt_width))
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
     self._update.start(state._replace(reward_model=None), batch, rng, f32())

@@ -118,23 +118,6 @@ def single_turn(prompt_tokens, prompt_mask, completion_tokens, completion_mask,
       prompt_width=prompt_tokens.shape[1])
 
 
-def pad_columns(traj: Trajectory, width: int) -> Trajectory:
-  """The trajectory with invalid columns appended up to T = `width` (no policy tokens, turn
-  -1, token 0): the same episodes in a wider stream. Multi-turn blocks (`reply_spans`)
-  are fixed by the environment's layout, so only a trajectory without them widens."""
-  extra = width - traj.tokens.shape[1]
-  if extra < 0:
-    raise ValueError(f"cannot pad a trajectory of {traj.tokens.shape[1]} columns to {width}")
-  if extra == 0:
-    return traj
-  if traj.reply_spans:
-    raise ValueError("a trajectory with reply_spans (fixed turn blocks) cannot be widened")
-  pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
-  return traj.replace(tokens=pad(traj.tokens, 0), valid=pad(traj.valid, False),
-                      policy_mask=pad(traj.policy_mask, False), turn_id=pad(traj.turn_id, -1),
-                      sampling_logprobs=pad(traj.sampling_logprobs, 0.0))
-
-
 def with_outcome(traj: Trajectory, rewards) -> Trajectory:
   """The trajectory with f32[B] outcome rewards as its last (single-turn: only) turn's reward."""
   rewards = jnp.asarray(rewards, jnp.float32)

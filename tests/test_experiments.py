@@ -124,6 +124,7 @@ def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, 
   # The record names the program: padded rows (0 slots) throughout, or from the second step.
   assert [r["update_slots"] for r in want] == [0, 0, 0]
   assert got[0]["update_slots"] == 0 and all(r["update_slots"] > 0 for r in got[1:])
+  assert [r["update_width"] for r in got] == [r["update_width"] for r in want]
   for a, b in zip(want, got, strict=True):
     assert set(a) == set(b)
     for key in set(a) - {"update_slots"}:
@@ -180,53 +181,6 @@ def test_packed_replies_engage_where_they_apply():
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
 
 
-def test_a_packed_batch_trains_the_same_widened_to_the_reply_budget():
-  """A packed batch's stream is widened to the reply budget (one compiled program per slot
-  count, whatever the step's longest reply): the same update as at its trimmed width, and
-  the step's record names the program (slots, columns)."""
-  config = grpo_arithmetic.get_config("tiny")
-  config.pack_replies, config.max_new_tokens, config.pack_below = True, 32, 1.0
-  model = zoo.load("tiny")
-  algorithm = grpo.GRPO(config, model.cfg)
-  b, n, lp = config.prompts_per_step * config.group_size, 16, 8
-  rng = np.random.default_rng(0)
-  lengths = rng.integers(1, n + 1, size=b)
-  reply_mask = jnp.asarray(np.arange(n)[None] < lengths[:, None])
-  traj = types.single_turn(jnp.asarray(rng.integers(3, 40, (b, lp)), jnp.int32),
-                           jnp.ones((b, lp), bool),
-                           jnp.asarray(rng.integers(3, 40, (b, n)), jnp.int32), reply_mask,
-                           jnp.where(reply_mask, -1.5, 0.0))
-  zeros = jnp.zeros((b, lp + n), jnp.float32)
-  batch = grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=b), jnp.float32),
-                         old_logp=zeros, ref_logp=zeros, correct=jnp.zeros((b,)),
-                         packed_slots=algorithm._packed_slots(traj, jnp.int32(1)))
-  wide = algorithm._full_width(batch)
-  assert wide.traj.tokens.shape == wide.old_logp.shape == (b, lp + config.max_new_tokens)
-  assert int(wide.traj.policy_mask.sum()) == int(lengths.sum())
-  assert wide.packed_slots.shape == batch.packed_slots.shape
-  init = jax.tree.map(np.asarray, model.params)
-  fresh = lambda: algorithm.init_state(jax.tree.map(jnp.asarray, init), None)  # the update donates
-  results = [algorithm.update(fresh(), x, jax.random.key(1), 0.0) for x in (batch, wide)]
-  (narrow_state, narrow_metrics), (wide_state, wide_metrics) = results
-  assert narrow_metrics["update_slots"] == wide_metrics["update_slots"] == \
-      batch.packed_slots.shape[0]
-  assert (narrow_metrics["update_columns"], wide_metrics["update_columns"]) == (lp + n, lp + 32)
-  for key, value in narrow_metrics.items():
-    if key != "update_columns":
-      np.testing.assert_allclose(wide_metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
-  moved = 0.0
-  for a, b_, start in zip(jax.tree.leaves(narrow_state.params),
-                          jax.tree.leaves(wide_state.params), jax.tree.leaves(init), strict=True):
-    np.testing.assert_allclose(b_, a, rtol=1e-4, atol=1e-6)
-    moved = max(moved, float(np.abs(np.asarray(a) - start).max()))
-  assert moved > 1e-5  # the update trained
-  # A padded batch keeps its width; a trajectory cannot be narrowed.
-  padded = batch._replace(packed_slots=None)
-  assert algorithm.update(fresh(), padded, jax.random.key(1), 0.0)[1]["update_slots"] == 0
-  with pytest.raises(ValueError, match="cannot pad"):
-    types.pad_columns(traj, lp + n - 1)
-
-
 def _short_replies(config, lengths, n, seed=0):
   """A single-turn trajectory of config's batch (8 prompt columns) with replies of `lengths`
   in n columns."""
@@ -247,15 +201,14 @@ def test_likely_next_programs_follow_shortening_replies():
   config = grpo_arithmetic.get_config("tiny")
   model = zoo.load("tiny")
   traj = _short_replies(config, np.arange(12) % 16 + 1, 16)  # 78 tokens: 96 slots
+  packed, padded = lambda slots: grpo.Program(slots, 16), grpo.Program(0, 8)
   config.pack_below = 1.0
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [("packed", 96),
-                                                                      ("packed", 64)]
+  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [packed(96), packed(64)]
   config.pack_below = 0.5  # 96 slots would not pack in 12 rows x 8 columns (96 > 48)
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [
-      ("packed", 96), ("packed", 64), ("padded", 8)]
+  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [packed(96), packed(64),
+                                                                      padded]
   config.pack_below = 0.4  # nor in 16 columns (96 > 76.8): the slots' own program is out
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [
-      ("packed", 64), ("padded", 8)]
+  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [packed(64), padded]
   config.pack_replies = False
   assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == []
 
@@ -279,12 +232,24 @@ def test_compiled_ahead_programs_serve_the_next_steps_with_the_same_results():
                            old_logp=jnp.zeros((b, t)), ref_logp=jnp.zeros((b, t)),
                            correct=jnp.zeros((b,)),
                            packed_slots=algorithm._packed_slots(traj, jnp.int32(1)))
-    return batch if batch.packed_slots is None else algorithm._full_width(batch)
+    return batch
 
   first = _short_replies(config, np.arange(12) % 16 + 1, 16)
   ahead._compile_next(fresh(ahead), batch_of(ahead, first), jax.random.key(0))
-  assert ahead._programs == {("packed", 96), ("packed", 64), ("padded", 8)}
-  ahead._update.wait()
+  assert not ahead._programs  # not beside the run's first update
+  # One program at a time, in the order of likely_next_programs, none while one compiles.
+  started = [set()]
+  for _ in range(4):
+    ahead._compile_next(fresh(ahead)._replace(updates=jnp.int32(1)), batch_of(ahead, first),
+                        jax.random.key(0))
+    assert ahead._update.busy() or ahead._programs == started[-1]
+    ahead._compile_next(fresh(ahead)._replace(updates=jnp.int32(1)), batch_of(ahead, first),
+                        jax.random.key(0))  # while busy: nothing more
+    started.append(set(ahead._programs))
+    ahead._update.wait()
+  every = {grpo.Program(96, 16), grpo.Program(64, 16), grpo.Program(0, 8)}
+  assert started == [set(), {grpo.Program(96, 16)}, {grpo.Program(96, 16), grpo.Program(64, 16)},
+                     every, every]
   assert ahead._update.hits == 0
   # 60 reply tokens: 64 slots pack in 16 columns (<= 96), not in 8 (> 48).
   for hits, (n, slots) in enumerate([(8, None), (16, 64)], start=1):
