@@ -437,6 +437,7 @@ class GRPO:
     # The update programs this process compiled or started. config.compile_ahead:
     # compile the next step's likely ones in the background (`_compile_next`).
     self._programs: set[Program] = set()
+    self._ahead: Program | None = None  # the last one started ahead
     self._compile_ahead = config.get("compile_ahead", True)
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
@@ -501,9 +502,11 @@ class GRPO:
                       correct=jnp.asarray(correct), role_baseline=baseline,
                       reward_pairs=reward_pairs,
                       packed_slots=self._packed_slots(traj, state.updates))
-    self._programs.add(Program.of(batch))
-    if self._compile_ahead:
+    program = Program.of(batch)
+    if program in self._programs and self._compile_ahead:
       self._compile_next(state, batch, rng)
+    # else: this update compiles its program on call; a compile beside it would slow it.
+    self._programs.add(program)
     return batch
 
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
@@ -557,20 +560,24 @@ class GRPO:
     """Starts compiling, in the background (`precompile.py`), the first program of
     `likely_next_programs` not compiled yet: a new slot count or width would otherwise
     stop a step for the update's compile (12-16 s for SmolLM2 on 2 cores) as replies
-    shorten. One at a time, and none while one is still compiling: a queue of guesses
+    shorten. One at a time: none while another is compiling, except the one this
+    batch is about to run (the next then queues behind it), as a queue of guesses
     would hold up the one the next step needs and take a core from the steps. Only
     which compile waits changes: every step runs the program its batch selects, as
     without it."""
     s = self.settings
     if s.advantage == ROLE_ADVANTAGE or batch.advantages.ndim != 1:
       return  # batches whose shapes depend on the episodes' turns
-    if not self._can_pack(batch.traj) or self._update.busy() or int(state.updates) == 0:
+    if not self._can_pack(batch.traj) or int(state.updates) == 0:
       return  # the run's first update: a compile beside it would slow it (2 cores)
+    if self._update.busy() and self._ahead != Program.of(batch):
+      return
     missing = [p for p in self.likely_next_programs(batch.traj) if p not in self._programs]
     if not missing:
       return
     program, traj = missing[0], batch.traj
     self._programs.add(program)
+    self._ahead = program
     spec = precompile.spec_of(batch._replace(role_baseline=None, reward_pairs=None,
                                              packed_slots=None))
     spec = jax.tree.map(functools.partial(_with_columns, columns=traj.tokens.shape[1],

@@ -234,22 +234,27 @@ def test_compiled_ahead_programs_serve_the_next_steps_with_the_same_results():
                            packed_slots=algorithm._packed_slots(traj, jnp.int32(1)))
     return batch
 
-  first = _short_replies(config, np.arange(12) % 16 + 1, 16)
-  ahead._compile_next(fresh(ahead), batch_of(ahead, first), jax.random.key(0))
+  P = grpo.Program  # noqa: N806
+  later = lambda: fresh(ahead)._replace(updates=jnp.int32(1))  # noqa: E731
+  first = batch_of(ahead, _short_replies(config, np.arange(12) % 16 + 1, 16))  # 96 slots
+  ahead._compile_next(fresh(ahead), first, jax.random.key(0))
   assert not ahead._programs  # not beside the run's first update
-  # One program at a time, in the order of likely_next_programs, none while one compiles.
-  started = [set()]
-  for _ in range(4):
-    ahead._compile_next(fresh(ahead)._replace(updates=jnp.int32(1)), batch_of(ahead, first),
-                        jax.random.key(0))
-    assert ahead._update.busy() or ahead._programs == started[-1]
-    ahead._compile_next(fresh(ahead)._replace(updates=jnp.int32(1)), batch_of(ahead, first),
-                        jax.random.key(0))  # while busy: nothing more
-    started.append(set(ahead._programs))
-    ahead._update.wait()
-  every = {grpo.Program(96, 16), grpo.Program(64, 16), grpo.Program(0, 8)}
-  assert started == [set(), {grpo.Program(96, 16)}, {grpo.Program(96, 16), grpo.Program(64, 16)},
-                     every, every]
+  ahead._programs.add(P.of(first))  # as `prepare` does: this batch's program is compiled
+  # One program at a time, in the order of likely_next_programs.
+  ahead._compile_next(later(), first, jax.random.key(0))
+  assert ahead._programs == {P(96, 16), P(64, 16)} and ahead._update.busy()
+  ahead._compile_next(later(), first, jax.random.key(0))  # while another one compiles: none
+  assert ahead._programs == {P(96, 16), P(64, 16)}
+  ahead._update.wait()
+  ahead._compile_next(later(), first, jax.random.key(0))
+  assert ahead._programs == {P(96, 16), P(64, 16), P(0, 8)}
+  # A batch that is about to run the program in flight queues the next one behind it:
+  # 60 reply tokens in 8 columns run padded rows (64 slots > 48); 48 slots would pack.
+  short = batch_of(ahead, _short_replies(config, 5, 8, seed=9))
+  assert P.of(short) == P(0, 8) and ahead._update.busy()
+  ahead._compile_next(later(), short, jax.random.key(0))
+  assert ahead._programs == {P(96, 16), P(64, 16), P(0, 8), P(48, 8)}
+  ahead._update.wait()
   assert ahead._update.hits == 0
   # 60 reply tokens: 64 slots pack in 16 columns (<= 96), not in 8 (> 48).
   for hits, (n, slots) in enumerate([(8, None), (16, 64)], start=1):

@@ -43,8 +43,14 @@ added to this config, one race invocation on an AVX-512 machine without AMX
 Temperature 1.0 at rate 2e-5 diverged within 5 steps (entropy 1.3 -> 3.1
 nats, sampled accuracy 0-0.12). With a constant rate the entropy collapses
 below 0.1 nats per token after ~15 minutes and held-out accuracy drifts down
-from its peak; the decay keeps the late updates small. Not swept: group size,
-clip settings, the learning rate itself, updates per rollout.
+from its peak; the decay keeps the late updates small.
+
+Higher peak rates, this config otherwise, the project's side alone, stopped
+after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
+0.26 .54 (5 min; entropy under 0.1 nats by step 12); 3e-5 0.26 .66 .61 (5,
+10 min), against 2e-5's .63 .69 in the race above. Neither reaches TRL's final
+(0.68-0.75) by the 5-minute evaluation, which a speedup of 3 would need. Not
+swept: group size, clip settings, rates under 2e-5, updates per rollout.
 """
 
 import ml_collections
