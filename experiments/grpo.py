@@ -37,7 +37,7 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import lm
-from jaxrl_agents.rollout import scoring, self_play, shapes, single_turn
+from jaxrl_agents.rollout import scoring, self_play
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +68,6 @@ class GRPOBatch(NamedTuple):
   # config.pack_replies: bool[M], whose length M is the static number of packed slots
   # per minibatch (`scoring.packed_slots`); None: the update scores padded rows.
   packed_slots: jax.Array | None = None
-
-
-class Program(NamedTuple):
-  """Which compiled update a batch runs: `slots` packed slots (0: padded rows) over replies
-  `width` columns wide (the rollout's trimmed width)."""
-  slots: int
-  width: int
-
-  @classmethod
-  def of(cls, batch: GRPOBatch) -> Program:
-    traj = batch.traj
-    return cls(0 if batch.packed_slots is None else batch.packed_slots.shape[0],
-               traj.tokens.shape[1] - traj.prompt_width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,11 +421,6 @@ class GRPO:
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
     self.model_cfg = model_cfg
-    # The update programs this process compiled or started. config.compile_ahead:
-    # compile the next step's likely ones in the background (`_compile_next`).
-    self._programs: set[Program] = set()
-    self._ahead: Program | None = None  # the last one started ahead
-    self._compile_ahead = config.get("compile_ahead", True)
     self.optimizer = optim_lib.make_optimizer(total_updates=total_updates(config),
                                               **config.optimizer)
     self.tx = self.optimizer.tx
@@ -498,16 +480,10 @@ class GRPO:
     old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
-    batch = GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
-                      correct=jnp.asarray(correct), role_baseline=baseline,
-                      reward_pairs=reward_pairs,
-                      packed_slots=self._packed_slots(traj, state.updates))
-    program = Program.of(batch)
-    if program in self._programs and self._compile_ahead:
-      self._compile_next(state, batch, rng)
-    # else: this update compiles its program on call; a compile beside it would slow it.
-    self._programs.add(program)
-    return batch
+    return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
+                     correct=jnp.asarray(correct), role_baseline=baseline,
+                     reward_pairs=reward_pairs,
+                     packed_slots=self._packed_slots(traj, state.updates))
 
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
@@ -518,74 +494,16 @@ class GRPO:
     and the config only, never of what this process compiled before: a resumed run packs
     each step as the uninterrupted one did. With `pack_below` < 1 a batch whose slots
     would save too little scores padded rows too."""
+    s = self.settings
     if not self._can_pack(traj):
       return None
     if int(updates) == 0:  # read only where packing applies: it waits for the state
       return None
-    slots = self._slot_count(traj)
-    if not self._packs(slots, traj, traj.tokens.shape[1] - traj.prompt_width):
+    rows = traj.tokens.shape[0] // s.minibatches
+    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
+    if slots > s.pack_below * rows * (traj.tokens.shape[1] - traj.prompt_width):
       return None  # packing would save too little: the padded rows' program
     return jnp.zeros((slots,), bool)
-
-  def _slot_count(self, traj: types.Trajectory) -> int:
-    """The packed slots a minibatch of `traj` needs (`scoring.packed_slots`; host-side)."""
-    s = self.settings
-    return scoring.packed_slots(traj, rows=traj.tokens.shape[0] // s.minibatches,
-                                group_size=s.prompt_group)
-
-  def _packs(self, slots: int, traj: types.Trajectory, reply_columns: int) -> bool:
-    """Whether `slots` packed slots save enough against a minibatch of `traj`'s rows padded
-    to `reply_columns` (`pack_below`)."""
-    s = self.settings
-    return slots <= s.pack_below * (traj.tokens.shape[0] // s.minibatches) * reply_columns
-
-  def likely_next_programs(self, traj: types.Trajectory) -> list[Program]:
-    """The update programs the step after `traj`'s most likely runs, likeliest first:
-    replies shorten over a run, so at `traj`'s reply width the slots it needs and the
-    next smaller count (`shapes.half_octave_below`) where they pack, then the padded
-    rows of the next narrower width (`single_turn.narrower_width`) where `traj`'s slots
-    would not pack in it. Empty where packing does not apply (there every program is a
-    padded one, of a width the replies decide)."""
-    if not self._can_pack(traj):
-      return []
-    slots, width = self._slot_count(traj), traj.tokens.shape[1] - traj.prompt_width
-    likely = [Program(m, width) for m in (slots, shapes.half_octave_below(slots))
-              if m and self._packs(m, traj, width)]
-    narrower = single_turn.narrower_width(width)
-    if narrower and not self._packs(slots, traj, narrower):
-      likely.append(Program(0, narrower))
-    return likely
-
-  def _compile_next(self, state, batch: GRPOBatch, rng) -> None:
-    """Starts compiling, in the background (`precompile.py`), the first program of
-    `likely_next_programs` not compiled yet: a new slot count or width would otherwise
-    stop a step for the update's compile (12-16 s for SmolLM2 on 2 cores) as replies
-    shorten. One at a time: none while another is compiling, except the one this
-    batch is about to run (the next then queues behind it), as a queue of guesses
-    would hold up the one the next step needs and take a core from the steps. Only
-    which compile waits changes: every step runs the program its batch selects, as
-    without it."""
-    s = self.settings
-    if s.advantage == ROLE_ADVANTAGE or batch.advantages.ndim != 1:
-      return  # batches whose shapes depend on the episodes' turns
-    if not self._can_pack(batch.traj) or int(state.updates) == 0:
-      return  # the run's first update: a compile beside it would slow it (2 cores)
-    if self._update.busy() and self._ahead != Program.of(batch):
-      return
-    missing = [p for p in self.likely_next_programs(batch.traj) if p not in self._programs]
-    if not missing:
-      return
-    program, traj = missing[0], batch.traj
-    self._programs.add(program)
-    self._ahead = program
-    spec = precompile.spec_of(batch._replace(role_baseline=None, reward_pairs=None,
-                                             packed_slots=None))
-    spec = jax.tree.map(functools.partial(_with_columns, columns=traj.tokens.shape[1],
-                                          width=traj.prompt_width + program.width), spec)
-    if program.slots:
-      spec = spec._replace(packed_slots=jax.ShapeDtypeStruct((program.slots,), jnp.bool_))
-    self._update.start(precompile.spec_of(state._replace(reward_model=None)), spec, rng,
-                       jax.ShapeDtypeStruct((), jnp.float32))
 
   def _can_pack(self, traj: types.Trajectory) -> bool:
     """Packing is on and applies to `traj` (one reply block per row, shared prompts)."""
@@ -594,9 +512,11 @@ class GRPO:
 
   def update(self, state, batch, rng, progress):
     state, metrics = self._update_policy(state, batch, rng, progress)
-    # Which program the step ran: its packed slots (0: padded rows) and reply width.
-    program = Program.of(batch)
-    return state, {**metrics, "update_slots": program.slots, "update_width": program.width}
+    # Which compiled program the step ran: its packed slots (0: padded rows) and the
+    # rollout's trimmed reply width.
+    return state, {**metrics, "update_slots": 0 if batch.packed_slots is None
+                   else batch.packed_slots.shape[0],
+                   "update_width": batch.traj.tokens.shape[1] - batch.traj.prompt_width}
 
   def _update_policy(self, state, batch, rng, progress):
     if self.beside is None:
@@ -626,17 +546,9 @@ class GRPO:
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     if self._can_pack(traj) and int(state.updates):  # a host read, once per process
       return  # a resumed run packs to its replies' lengths, unknown before sampling
-    self._programs.add(Program(0, t - traj.prompt_width))
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
     self._update.start(state._replace(reward_model=None), batch, rng, f32())
-
-
-def _with_columns(x: jax.ShapeDtypeStruct, *, columns: int, width: int) -> jax.ShapeDtypeStruct:
-  """x with its second axis `width` where that axis is the stream's `columns` ([B, T])."""
-  if len(x.shape) < 2 or x.shape[1] != columns:
-    return x
-  return jax.ShapeDtypeStruct((x.shape[0], width, *x.shape[2:]), x.dtype, weak_type=x.weak_type)
 
 
 def _seed(rng) -> int:

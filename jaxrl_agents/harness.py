@@ -112,9 +112,7 @@ RESUMABLE_CHANGES = frozenset({
     # differ by float summation order only).
     "mesh.data", "mesh.fsdp", "mesh.tensor",
     # A safety limit: it changes a result only for a reply whose reward stalls.
-    "reward_time_limit_s",
-    # When the update's programs compile, not what they compute.
-    "compile_ahead"})
+    "reward_time_limit_s"})
 
 # Keys added to the configs after runs existed, and the value that reproduces
 # those runs: a checkpoint whose config lacks one resumes under that value.

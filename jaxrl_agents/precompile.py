@@ -126,10 +126,6 @@ class Precompiled:
     self.hits += 1
     return compiled(*args, **kwargs)
 
-  def busy(self) -> bool:
-    """Whether a compile it started is still queued or running."""
-    return any(not f.done() for f in self._compiled.values())
-
   def wait(self) -> None:
     """Blocks until every started compile has finished (or failed)."""
     concurrent.futures.wait(list(self._compiled.values()))

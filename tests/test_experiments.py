@@ -125,6 +125,7 @@ def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, 
   assert [r["update_slots"] for r in want] == [0, 0, 0]
   assert got[0]["update_slots"] == 0 and all(r["update_slots"] > 0 for r in got[1:])
   assert [r["update_width"] for r in got] == [r["update_width"] for r in want]
+  assert all(0 < r["update_width"] <= config.max_new_tokens for r in got)
   for a, b in zip(want, got, strict=True):
     assert set(a) == set(b)
     for key in set(a) - {"update_slots"}:
@@ -179,96 +180,6 @@ def test_packed_replies_engage_where_they_apply():
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
   config.pack_replies, config.share_prompt = True, False  # packing follows a shared prompt
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
-
-
-def _short_replies(config, lengths, n, seed=0):
-  """A single-turn trajectory of config's batch (8 prompt columns) with replies of `lengths`
-  in n columns."""
-  b = config.prompts_per_step * config.group_size
-  rng = np.random.default_rng(seed)
-  lengths = np.broadcast_to(lengths, (b,))
-  reply_mask = jnp.asarray(np.arange(n)[None] < lengths[:, None])
-  return types.single_turn(jnp.asarray(rng.integers(3, 40, (b, 8)), jnp.int32),
-                           jnp.ones((b, 8), bool), jnp.asarray(rng.integers(3, 40, (b, n)),
-                                                               jnp.int32),
-                           reply_mask, jnp.where(reply_mask, -1.5, 0.0))
-
-
-def test_likely_next_programs_follow_shortening_replies():
-  """The programs compiled ahead: this batch's slot count and the next smaller one where
-  they pack, and the padded rows one width narrower where this batch's slots would not
-  pack there."""
-  config = grpo_arithmetic.get_config("tiny")
-  model = zoo.load("tiny")
-  traj = _short_replies(config, np.arange(12) % 16 + 1, 16)  # 78 tokens: 96 slots
-  packed, padded = lambda slots: grpo.Program(slots, 16), grpo.Program(0, 8)
-  config.pack_below = 1.0
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [packed(96), packed(64)]
-  config.pack_below = 0.5  # 96 slots would not pack in 12 rows x 8 columns (96 > 48)
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [packed(96), packed(64),
-                                                                      padded]
-  config.pack_below = 0.4  # nor in 16 columns (96 > 76.8): the slots' own program is out
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == [packed(64), padded]
-  config.pack_replies = False
-  assert grpo.GRPO(config, model.cfg).likely_next_programs(traj) == []
-
-
-def test_compiled_ahead_programs_serve_the_next_steps_with_the_same_results():
-  """config.compile_ahead: the programs a batch predicts compile in the background, and
-  the next batches that select them run them: the same state and metrics as a run that
-  compiles each on its first call."""
-  config = grpo_arithmetic.get_config("tiny")
-  config.pack_below = 0.5
-  model = zoo.load("tiny")
-  init = jax.tree.map(np.asarray, model.params)
-  ahead = grpo.GRPO(config, model.cfg)
-  config.compile_ahead = False
-  on_call = grpo.GRPO(config, model.cfg)
-  fresh = lambda algorithm: algorithm.init_state(jax.tree.map(jnp.asarray, init), None)
-
-  def batch_of(algorithm, traj):
-    b, t = traj.tokens.shape
-    batch = grpo.GRPOBatch(traj=traj, advantages=jnp.linspace(-1.0, 1.0, b),
-                           old_logp=jnp.zeros((b, t)), ref_logp=jnp.zeros((b, t)),
-                           correct=jnp.zeros((b,)),
-                           packed_slots=algorithm._packed_slots(traj, jnp.int32(1)))
-    return batch
-
-  P = grpo.Program  # noqa: N806
-  later = lambda: fresh(ahead)._replace(updates=jnp.int32(1))  # noqa: E731
-  first = batch_of(ahead, _short_replies(config, np.arange(12) % 16 + 1, 16))  # 96 slots
-  ahead._compile_next(fresh(ahead), first, jax.random.key(0))
-  assert not ahead._programs  # not beside the run's first update
-  ahead._programs.add(P.of(first))  # as `prepare` does: this batch's program is compiled
-  # One program at a time, in the order of likely_next_programs.
-  ahead._compile_next(later(), first, jax.random.key(0))
-  assert ahead._programs == {P(96, 16), P(64, 16)} and ahead._update.busy()
-  ahead._compile_next(later(), first, jax.random.key(0))  # while another one compiles: none
-  assert ahead._programs == {P(96, 16), P(64, 16)}
-  ahead._update.wait()
-  ahead._compile_next(later(), first, jax.random.key(0))
-  assert ahead._programs == {P(96, 16), P(64, 16), P(0, 8)}
-  # A batch that is about to run the program in flight queues the next one behind it:
-  # 60 reply tokens in 8 columns run padded rows (64 slots > 48); 48 slots would pack.
-  short = batch_of(ahead, _short_replies(config, 5, 8, seed=9))
-  assert P.of(short) == P(0, 8) and ahead._update.busy()
-  ahead._compile_next(later(), short, jax.random.key(0))
-  assert ahead._programs == {P(96, 16), P(64, 16), P(0, 8), P(48, 8)}
-  ahead._update.wait()
-  assert ahead._update.hits == 0
-  # 60 reply tokens: 64 slots pack in 16 columns (<= 96), not in 8 (> 48).
-  for hits, (n, slots) in enumerate([(8, None), (16, 64)], start=1):
-    traj = _short_replies(config, 5, n, seed=hits)
-    got_batch, want_batch = batch_of(ahead, traj), batch_of(on_call, traj)
-    assert (None if got_batch.packed_slots is None else got_batch.packed_slots.shape[0]) == slots
-    got_state, got = ahead.update(fresh(ahead), got_batch, jax.random.key(hits), 0.5)
-    want_state, want = on_call.update(fresh(on_call), want_batch, jax.random.key(hits), 0.5)
-    assert ahead._update.hits == hits and on_call._update.hits == 0
-    assert set(got) == set(want)
-    for key in want:
-      np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
-    for a, b in zip(jax.tree.leaves(got_state), jax.tree.leaves(want_state), strict=True):
-      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
 
 
 def _cli(workdir, *flags, **popen):

@@ -160,11 +160,6 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # 0.5 measured against 1.0 (README, "Packed replies"): fewer compiled programs for
   # the same update time, the main job's training 6% shorter over three seeds.
   c.pack_below = 0.5
-  # Compile the update programs the next step most likely needs (the next packed slot
-  # count or narrower padded rows as replies shorten) in a background thread while
-  # this step runs, instead of stopping the step that first needs one. The same
-  # results either way: it changes only when a program compiles.
-  c.compile_ahead = True
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
   # "train_time", the fraction of time_budget_s spent (for time-budgeted runs).

@@ -49,12 +49,3 @@ def half_octave(n: int, minimum: int = 16) -> int:
   them), at least `minimum`."""
   p = power_of_two(n, minimum)
   return max(minimum, p * 3 // 4) if n <= p * 3 // 4 else p
-
-
-def half_octave_below(m: int, minimum: int = 16) -> int:
-  """The largest `half_octave` value under m (512 -> 384 -> 256 -> 192; 480 -> 384), or 0
-  where none is."""
-  below, value = 0, minimum
-  while value < m:
-    below, value = value, half_octave(value + 1, minimum)
-  return below

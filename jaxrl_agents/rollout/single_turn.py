@@ -178,12 +178,6 @@ def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) ->
   return min(max_new_tokens, shapes.power_of_two(int(np.max(lengths)), minimum=minimum))
 
 
-def narrower_width(width: int, minimum: int = 8) -> int:
-  """The `trimmed_width` just under `width` (48 -> 32 -> 16 -> 8), or 0 under `minimum`."""
-  below = 1 << ((width - 1).bit_length() - 1) if width > 1 else 0
-  return below if below >= minimum else 0
-
-
 def _encode_for_sampling(model: zoo.Model, examples, sampling: sampler_lib.SamplingConfig,
                          template: str, chat: bool, system: str | None, overflow: str):
   """`encode_examples` with the prompts fitted to leave room for the reply budget."""
