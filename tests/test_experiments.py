@@ -124,7 +124,6 @@ def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, 
   # The record names the program: padded rows (0 slots) throughout, or from the second step.
   assert [r["update_slots"] for r in want] == [0, 0, 0]
   assert got[0]["update_slots"] == 0 and all(r["update_slots"] > 0 for r in got[1:])
-  assert [r["update_width"] for r in got] == [r["update_width"] for r in want]
   assert all(0 < r["update_width"] <= config.max_new_tokens for r in got)
   for a, b in zip(want, got, strict=True):
     assert set(a) == set(b)
