@@ -1,0 +1,44 @@
+"""The learning race's readouts, on hand-made evaluation curves."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def race(monkeypatch):
+  monkeypatch.syspath_prepend(str(BENCHMARKS))  # learning_race imports its sibling cpu_info
+  spec = importlib.util.spec_from_file_location("learning_race", BENCHMARKS / "learning_race.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def curve(*points):
+  return [{"train_time_s": minutes * 60, "accuracy": acc} for minutes, acc in points]
+
+
+def test_reach_is_the_first_crossing_and_hold_the_first_that_stays(race):
+  # Crosses 0.75 at 10 minutes, dips at 15, is back from 20 on.
+  evals = curve((0, 0.26), (5.1, 0.63), (10.2, 0.76), (15.1, 0.72), (20.1, 0.76), (30.0, 0.77))
+  assert race.minutes_to_reach(evals, 0.75) == pytest.approx(10.2)
+  assert race.minutes_to_hold(evals, 0.75) == pytest.approx(20.1)
+  # Equal to the target counts as reaching it.
+  assert race.minutes_to_reach(evals, 0.76) == pytest.approx(10.2)
+  assert race.minutes_to_hold(evals, 0.76) == pytest.approx(20.1)
+
+
+def test_a_curve_that_ends_below_the_target_never_holds_it(race):
+  evals = curve((0, 0.26), (5, 0.80), (10, 0.70))
+  assert race.minutes_to_reach(evals, 0.75) == pytest.approx(5)
+  assert race.minutes_to_hold(evals, 0.75) is None
+  assert race.minutes_to_reach(evals, 0.9) is None
+
+
+def test_a_curve_above_the_target_from_the_start_holds_it_at_zero(race):
+  evals = curve((0, 0.8), (5, 0.85))
+  assert race.minutes_to_reach(evals, 0.75) == 0
+  assert race.minutes_to_hold(evals, 0.75) == 0
