@@ -115,7 +115,8 @@ def cross_check(paths, out) -> float:
   """The project's final policy exported to Hugging Face and graded with transformers."""
   hf_dir = os.path.join(out, "ours_hf")
   run([sys.executable, "-m", "jaxrl_agents.export", "--workdir", os.path.join(out, "ours"),
-       "--out", hf_dir], os.path.join(out, "export.log"))
+       "--out", hf_dir, "--overwrite"],  # a rerun re-exports over the last one
+      os.path.join(out, "export.log"))
   proc = subprocess.run([TRL_PYTHON, os.path.join(HERE, "race_trl.py"), "grade", "--model",
                          hf_dir, "--eval", paths["eval"]], cwd=REPO, capture_output=True,
                         text=True, check=True)
