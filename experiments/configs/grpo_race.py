@@ -34,6 +34,14 @@ packing as shipped (`pack_below=0.5`, from the main job's config): 0.26 .63
 .69 .72 .75 .75 .75 in 463 steps, TRL 0.26 .46 .62 .64 .70 .73 .68 in 195
 (speedup to TRL's final 2.98; README, "Learning race").
 
+On a 2-core Zen 4 EPYC (AVX-512, no AMX), 2026-11-28, evaluated every 2.5
+minutes: 0.26 .61 .67 .72 .77 .79 .80 at 5-minute marks in 221 steps, TRL
+0.26 .37 .56 .63 .64 .65 .68 in 97 (speedup to TRL's final 2.39: 0.67 at 7.5
+and 10 minutes, one question short of TRL's 0.68). The stacked layer layout
+(`layout="stacked"`, `remat="full"`) compiled the update programs 3x faster
+there but ran short-reply updates and every rollout slower, for 41 steps by
+10 minutes against 39; the race keeps the list layout (README).
+
 The main job's entropy gate (gradient through the 20% highest-entropy tokens)
 added to this config, one race invocation on an AVX-512 machine without AMX
 (2026-11-26): 0.26 .57 .48 .71 .74 .74 .75 in 190 steps, TRL 0.26 .46 .62
