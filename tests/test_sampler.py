@@ -282,3 +282,28 @@ def test_split_shared_prefix():
   assert split([list(range(20))]) == ([], [list(range(20))])  # one prompt shares nothing
   with pytest.raises(ValueError, match="at least one token"):
     split([[1, 2], []])
+
+
+def test_stacked_layers_sample_what_the_list_layout_samples(tiny_model):
+  """The stacked layout is sliced into layers once before the decoding loop
+  (`lm.loop_params`); the samples and their log-probabilities are the list layout's."""
+  from jaxrl_agents.models import lm
+
+  params, cfg = tiny_model.params, tiny_model.cfg
+  stacked = transformer.stack_layers(params)
+  prepared = lm.loop_params(cfg, stacked)
+  assert isinstance(prepared["layers"], list) and len(prepared["layers"]) == cfg.n_layers
+  for got, want in zip(jax.tree.leaves(prepared), jax.tree.leaves(params), strict=True):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert lm.loop_params(cfg, params)["layers"] is params["layers"]  # nothing to do
+  assert lm.loop_params(object(), stacked) is stacked  # a model without loop_params
+
+  tokens, mask = tokenizer_lib.pad_left([[5, 9, 14, 20, 31], [7, 3]], pad_id=0, length=8)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=10, temperature=1.0, stop_tokens=(),
+                                        pad_id=0)
+  outs = [sampler_lib.generate(p, cfg, jnp.asarray(tokens), jnp.asarray(mask),
+                               jax.random.key(3), sampling, samples_per_prompt=2)
+          for p in (params, stacked)]
+  np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+  np.testing.assert_allclose(np.asarray(outs[0].logprobs), np.asarray(outs[1].logprobs),
+                             atol=1e-5)

@@ -160,6 +160,11 @@ class TransformerConfig:
   def init_cache(self, batch_size: int, max_len: int, dtype: str | None = None):
     return init_cache(self, batch_size, max_len, dtype)
 
+  def loop_params(self, params: Params) -> Params:
+    """The per-layer layout `decode_step` indexes (`lm.loop_params`): a stacked
+    layout is sliced once, before the decoding loop, not at every token."""
+    return unstack_layers(params)
+
   def decoding_params(self, params: Params, rows: int) -> Params:
     """One row's projections are matrix-vector products, faster over stacked matrices
     (`fuse_projections`); more rows gained nothing from them. Stacking copies the

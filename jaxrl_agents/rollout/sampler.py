@@ -380,6 +380,7 @@ def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
     (SampleOutput with N = sampling.max_new_tokens columns, the Continuation
     after them or None).
   """
+  params = lm.loop_params(cfg, params)  # derived once here, not at every token of the loop
   start_cache, start_position = context.cache, context.next_position
   batch = start_position.shape[0]
   n = sampling.max_new_tokens
@@ -467,6 +468,7 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array,
                    jnp.repeat(prompt_mask, 2, axis=0), rng, sampling, max_steps,
                    prefix_tokens=prefix_tokens)
     return jax.tree.map(lambda x: x[:1], out)
+  params = lm.loop_params(cfg, params)  # once for the prefill and the decoding loop
   lx = 0 if prefix_tokens is None else prefix_tokens.shape[0]
   context = prefill(params, cfg, prompt_tokens, prompt_mask,
                     cache_len=lx + prompt_tokens.shape[1] + sampling.max_new_tokens,
