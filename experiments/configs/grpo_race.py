@@ -39,8 +39,10 @@ minutes: 0.26 .61 .67 .72 .77 .79 .80 at 5-minute marks in 221 steps, TRL
 0.26 .37 .56 .63 .64 .65 .68 in 97 (speedup to TRL's final 2.39: 0.67 at 7.5
 and 10 minutes, one question short of TRL's 0.68). The stacked layer layout
 (`layout="stacked"`, `remat="full"`) compiled the update programs 3x faster
-there but ran short-reply updates and every rollout slower, for 41 steps by
-10 minutes against 39; the race keeps the list layout (README).
+there; with the sampler slicing the stack once per call (since 2026-11-28) a
+screen made 55 steps by 10 minutes against the list layout's 39. Its
+short-reply updates are 3-11% slower, and no whole race has run with it yet,
+so the race keeps the list layout for now (README).
 
 The main job's entropy gate (gradient through the 20% highest-entropy tokens)
 added to this config, one race invocation on an AVX-512 machine without AMX
