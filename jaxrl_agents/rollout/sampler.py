@@ -468,7 +468,6 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array,
                    jnp.repeat(prompt_mask, 2, axis=0), rng, sampling, max_steps,
                    prefix_tokens=prefix_tokens)
     return jax.tree.map(lambda x: x[:1], out)
-  params = lm.loop_params(cfg, params)  # once for the prefill and the decoding loop
   lx = 0 if prefix_tokens is None else prefix_tokens.shape[0]
   context = prefill(params, cfg, prompt_tokens, prompt_mask,
                     cache_len=lx + prompt_tokens.shape[1] + sampling.max_new_tokens,
