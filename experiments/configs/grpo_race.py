@@ -40,9 +40,14 @@ minutes: 0.26 .61 .67 .72 .77 .79 .80 at 5-minute marks in 221 steps, TRL
 and 10 minutes, one question short of TRL's 0.68). The stacked layer layout
 (`layout="stacked"`, `remat="full"`) compiled the update programs 3x faster
 there; with the sampler slicing the stack once per call (since 2026-11-28) a
-screen made 55 steps by 10 minutes against the list layout's 39. Its
-short-reply updates are 3-11% slower, and no whole race has run with it yet,
-so the race keeps the list layout for now (README).
+screen made 55 steps by 10 minutes against the list layout's 39. A whole
+race with it on the same kind of machine (2026-11-28): 0.26 .62 .56 .60 .74
+.81 .82 at 5-minute marks in 208 steps, TRL 0.26 .43 .56 .62 .64 .65 .69 in
+103 (speedup to TRL's final 2.38, held from 17.5 minutes on). Its 95 s less
+compilation bought 12 more steps by 10 minutes, but its steps after that were
+12% slower (short-reply updates 4.96 s against 4.24, rollouts 2.50 against
+2.28), and the list layout was level by 20 minutes. So this config keeps the
+list layout (README, "Learning race").
 
 The main job's entropy gate (gradient through the 20% highest-entropy tokens)
 added to this config, one race invocation on an AVX-512 machine without AMX
