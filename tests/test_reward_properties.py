@@ -141,6 +141,8 @@ def test_unicode_digits_are_not_numbers(script, reply):
 
 # ---------------------------------------------------------------------------------------------
 # Linear time on crafted worst cases: 4x the reply, at most ~8x the time (quadratic: 16x).
+# From 20k characters: between 10k and 40k some linear parsers (math_lenient's brace matching)
+# cross a cache size and measured 6-9x, where 20k to 80k measured at most 4.2x.
 
 _WORST_CASES = {
     "malformed comma groups": lambda n: "1" + ",234" * (n // 4) + ",5",
@@ -170,7 +172,7 @@ def _best_time(fn, reply: str, repeats: int = 3) -> float:
 
 @pytest.mark.parametrize("case", sorted(_WORST_CASES))
 def test_time_is_linear_in_the_reply_on_worst_cases(case):
-  small, large = _WORST_CASES[case](10_000), _WORST_CASES[case](40_000)
+  small, large = _WORST_CASES[case](20_000), _WORST_CASES[case](80_000)
   for name in _text_rewards():
     fn = registry.get("reward", name)
     t_small, t_large = _best_time(fn, small), _best_time(fn, large)
