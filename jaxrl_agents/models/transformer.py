@@ -25,12 +25,15 @@ params = {
 ```
 
 Why a list of layers and not stacked arrays under `lax.scan`: on XLA:CPU a
-matmul against a slice of a stacked weight (inside scan or by static index)
-runs 3-10x slower than against a separate array, and bf16 matmuls lose their
-fast path entirely (measured in benchmarks/sampler.py's notes). The unrolled
-layer loop costs compile time, not run time. Why [out, in]: contracting the
-last axis of both operands is the faster layout for bf16 and small batches
-on this backend, and it matches Hugging Face checkpoints without transposes.
+decode step's matmul against a slice of a stacked weight (inside scan or by
+static index) ran 3-10x slower than against a separate array, and bf16 matmuls
+lost their fast path entirely (measured in benchmarks/sampler.py's notes). In
+training the stacked layout costs less, 6-17% per step (the SFT step, and the
+learning race's updates on a 2-core Zen 4: README, "Learning race"), and
+compiles about 3x faster. The unrolled layer loop costs compile time, not run
+time. Why [out, in]: contracting the last axis of both operands is the faster
+layout for bf16 and small batches on this backend, and it matches Hugging Face
+checkpoints without transposes.
 
 For accelerators there is the stacked layout as well (`stack_layers`):
 "layers" is one dict of arrays with a leading layer axis, f[L, ...], and the
