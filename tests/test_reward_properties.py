@@ -141,8 +141,9 @@ def test_unicode_digits_are_not_numbers(script, reply):
 
 # ---------------------------------------------------------------------------------------------
 # Linear time on crafted worst cases: 4x the reply, at most ~8x the time (quadratic: 16x).
-# From 20k characters: between 10k and 40k some linear parsers (math_lenient's brace matching)
-# cross a cache size and measured 6-9x, where 20k to 80k measured at most 4.2x.
+# From 20k characters: between 10k and 40k the time per character of some linear parsers
+# still grows (math_lenient's brace matching measured 6-9x there, 3.7x from 40k to 160k),
+# where 20k to 80k measured at most 4.2x for every case and reward.
 
 _WORST_CASES = {
     "malformed comma groups": lambda n: "1" + ",234" * (n // 4) + ",5",
