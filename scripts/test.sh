@@ -3,6 +3,11 @@
 # whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+lanes=${TEST_LANES:-2}
+if [ "$lanes" != 1 ] && [ "$lanes" != 2 ]; then
+  echo "scripts/test.sh: TEST_LANES must be 1 or 2, got '$lanes'" >&2
+  exit 2
+fi
 scripts/setup.sh test,parity
 .venv/bin/ruff check .
 if [ "$#" -gt 0 ]; then
@@ -19,7 +24,7 @@ fi
 # a test's time is XLA compiling, which uses one core, so one lane leaves the second core
 # of a 2-core machine mostly idle. On a 2-core Zen 4 (2026-11-28) the whole suite took
 # 2762 s in two lanes against about 3370 s in one. Each lane's output is kept in a file
-# and printed when the lane ends; each group's exit line is printed as it ends.
+# and printed when the lane ends; each group's exit line is printed as the group ends.
 run_group() {
   local files=(tests/test_$1*.py) rc=0 start=$SECONDS
   .venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider "${files[@]}" || rc=$?
@@ -29,10 +34,8 @@ run_group() {
     rc=0
     .venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider "${files[@]}" || rc=$?
   fi
-  local done_line="scripts/test.sh: tests/test_$1*.py: exit status $rc, $((SECONDS - start)) s"
-  echo "$done_line"
-  # In two lanes the line also goes out at once (fd 3), so a long run shows its progress.
-  if [ -n "${live_fd:-}" ]; then echo "$done_line" >&3; fi
+  # To fd 3, the script's own stdout: in two lanes it shows at once, not with the lane's log.
+  echo "scripts/test.sh: tests/test_$1*.py: exit status $rc, $((SECONDS - start)) s" >&3
   return "$rc"
 }
 lane() {
@@ -40,6 +43,7 @@ lane() {
   for group in "$@"; do run_group "$group" || status=1; done
   return $status
 }
+exec 3>&1
 # The embedded model is fetched and converted once, before the lanes could race to it.
 .venv/bin/python -c "from jaxrl_agents.models import zoo; zoo.smollm2_dir()"
 # Lanes balanced by the groups' times (seconds on a 2-core Zen 4, in two lanes; in one):
@@ -47,13 +51,11 @@ lane() {
 # [t-z] 602 (360)
 lane_a=("[d-e]" "[s]" "[a-c]")
 lane_b=("[f-m]" "[n-r]" "[t-z]")
-if [ "${TEST_LANES:-2}" = "1" ]; then
+if [ "$lanes" = 1 ]; then
   lane "${lane_a[@]}" "${lane_b[@]}"
   exit $?
 fi
 logs=$(mktemp -d)
-exec 3>&1
-live_fd=3
 lane "${lane_a[@]}" > "$logs/a" 2>&1 &
 pid_a=$!
 lane "${lane_b[@]}" > "$logs/b" 2>&1 &
