@@ -91,6 +91,9 @@ class GRPOSettings:
     pack_below: a batch packs only if its slots are at most this fraction of the
       padded rows' reply columns: where packing saves less, the padded program
       (one per reply width) serves, and the run compiles fewer programs.
+    pack_width: the reply columns a packed batch is padded to (the sampling budget; 0:
+      its trimmed width). A packed program costs what its slots cost, so at one width
+      one program per slot count serves every trimmed width the rollouts move through.
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
@@ -112,6 +115,7 @@ class GRPOSettings:
   share_prompt: bool = False
   pack_replies: bool = False
   pack_below: float = 0.5
+  pack_width: int = 0
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -210,6 +214,7 @@ def settings_from_config(config) -> GRPOSettings:
       share_prompt=config.get("share_prompt", False),
       pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
       pack_below=float(config.get("pack_below", GRPOSettings.pack_below)),
+      pack_width=int(config.get("max_new_tokens", 0)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
@@ -298,6 +303,17 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
     keys = None if r.turn_keys is None else jnp.asarray(np.asarray(r.turn_keys)[rows])
     advantages = turn_advantages(s, traj, advantages, keys)
   return traj, advantages, np.asarray(r.correct, np.float32)[rows]
+
+
+def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int
+                   ) -> tuple[types.Trajectory, jax.Array]:
+  """`traj` with its reply columns padded to `width` (as they are if already that wide),
+  and token-level f32[B, T] advantages with them (f32[B] ones as they are)."""
+  traj = types.with_reply_width(traj, width)
+  extra = traj.tokens.shape[1] - advantages.shape[-1]
+  if advantages.ndim == 2 and extra > 0:
+    advantages = jnp.pad(advantages, ((0, 0), (0, extra)))
+  return traj, advantages
 
 
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
@@ -476,14 +492,16 @@ class GRPO:
       advantages, baseline = role_advantages(s, r, state.role_baseline)
     else:
       traj, advantages, correct = group_advantages(s, r)
+    packed_slots = self._packed_slots(traj, state.updates)
+    if packed_slots is not None:
+      traj, advantages = padded_replies(traj, advantages, s.pack_width)
     zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
     old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
                      correct=jnp.asarray(correct), role_baseline=baseline,
-                     reward_pairs=reward_pairs,
-                     packed_slots=self._packed_slots(traj, state.updates))
+                     reward_pairs=reward_pairs, packed_slots=packed_slots)
 
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
@@ -512,8 +530,8 @@ class GRPO:
 
   def update(self, state, batch, rng, progress):
     state, metrics = self._update_policy(state, batch, rng, progress)
-    # Which compiled program the step ran: its packed slots (0: padded rows) and the
-    # rollout's trimmed reply width.
+    # Which compiled program the step ran: its packed slots (0: padded rows) and its reply
+    # width (the rollout's trimmed one, or `pack_width` where packed).
     return state, {**metrics, "update_slots": 0 if batch.packed_slots is None
                    else batch.packed_slots.shape[0],
                    "update_width": batch.traj.tokens.shape[1] - batch.traj.prompt_width}

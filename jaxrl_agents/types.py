@@ -118,6 +118,19 @@ def single_turn(prompt_tokens, prompt_mask, completion_tokens, completion_mask,
       prompt_width=prompt_tokens.shape[1])
 
 
+def with_reply_width(traj: Trajectory, width: int) -> Trajectory:
+  """The trajectory with `width` columns after the prompt: right-padded with invalid,
+  non-policy columns (the same episodes, another shape). As it is when its replies
+  are that wide or wider, or their columns sit in turn blocks (`reply_spans`)."""
+  extra = traj.prompt_width + width - traj.tokens.shape[1]
+  if extra <= 0 or traj.reply_spans:
+    return traj
+  pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
+  return traj.replace(tokens=pad(traj.tokens, 0), valid=pad(traj.valid, False),
+                      policy_mask=pad(traj.policy_mask, False), turn_id=pad(traj.turn_id, -1),
+                      sampling_logprobs=pad(traj.sampling_logprobs, 0.0))
+
+
 def with_outcome(traj: Trajectory, rewards) -> Trajectory:
   """The trajectory with f32[B] outcome rewards as its last (single-turn: only) turn's reward."""
   rewards = jnp.asarray(rewards, jnp.float32)

@@ -181,6 +181,34 @@ def test_packed_replies_engage_where_they_apply():
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
 
 
+def test_a_packed_batch_runs_at_the_reply_budgets_width():
+  """A packed batch is padded to max_new_tokens reply columns, so one program per slot
+  count serves every trimmed width; a padded-rows batch keeps its trimmed width."""
+  config = grpo_arithmetic.get_config("tiny")
+  config.pack_replies, config.pack_below = True, 1.0
+  model = zoo.load("tiny")
+  b, n = config.prompts_per_step * config.group_size, 8
+  assert n < config.max_new_tokens
+  lengths = np.arange(b) % n + 1
+  rewards = (np.arange(b) % 2).astype(np.float32)  # every group's rewards vary
+  traj = types.with_outcome(types.single_turn(
+      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool), jnp.ones((b, n), jnp.int32),
+      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
+  rollout = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+                            completions=[""] * b, rewards=rewards,
+                            components={"reward": rewards}, correct=rewards)
+  widths = {}
+  for pack_below in (1.0, 0.1):  # packs; saves too little to pack
+    config.pack_below = pack_below
+    algorithm = grpo.GRPO(config, model.cfg)
+    state = algorithm.init_state(model.params, jax.random.key(0))._replace(updates=jnp.int32(3))
+    batch = algorithm.prepare(state, rollout, jax.random.key(1))
+    widths[pack_below] = (batch.traj.tokens.shape[1] - 8, batch.packed_slots is not None)
+    assert batch.old_logp.shape == batch.traj.tokens.shape
+    np.testing.assert_array_equal(batch.traj.policy_mask[:, :8 + n], traj.policy_mask)
+  assert widths == {1.0: (config.max_new_tokens, True), 0.1: (n, False)}
+
+
 def _cli(workdir, *flags, **popen):
   cmd = [sys.executable, "-m", "experiments.grpo", f"--config={GRPO_TINY}",
          f"--workdir={workdir}", *flags]

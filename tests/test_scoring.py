@@ -134,6 +134,14 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
     np.testing.assert_allclose(logp, np.where(policy, want_logp, 0.0), atol=2e-5)
     np.testing.assert_allclose(np.asarray(ent)[policy], np.asarray(want_ent)[policy], atol=2e-5)
     assert np.all(np.asarray(ent)[~policy] == 0)
+  # Padded to a wider reply budget (GRPO's `pack_width`): the same slots and values,
+  # zeros on the new columns.
+  wide = types.with_reply_width(traj, n + 7)
+  assert wide.tokens.shape == (rows, 8 + n + 7)
+  assert scoring.packed_slots(wide, rows=rows, group_size=group_size) == slots
+  logp, ent = packed(params, cfg, wide, group_size, slots)
+  np.testing.assert_allclose(logp[:, :8 + n], np.where(policy, want_logp, 0.0), atol=2e-5)
+  assert np.all(np.asarray(logp)[:, 8 + n:] == 0) and np.all(np.asarray(ent)[:, 8 + n:] == 0)
   # Too few slots: the packing says its values are incomplete.
   complete = lambda m: scoring.packed_policy_logits(params, cfg, traj, group_size=group_size,
                                                     slots=m)[1].complete
@@ -246,6 +254,23 @@ def test_trajectory_check_names_the_bad_field():
     traj.replace(valid=traj.valid.at[0, 5].set(False)).check()
   with pytest.raises(ValueError, match="turn_id"):
     traj.replace(turn_id=traj.turn_id[:, :3]).check()
+
+
+def test_with_reply_width_pads_invalid_columns_and_keeps_the_episodes():
+  traj = types.single_turn(jnp.ones((2, 3), jnp.int32), jnp.ones((2, 3), bool),
+                           jnp.full((2, 4), 7, jnp.int32), jnp.asarray([[1, 1, 0, 0]] * 2, bool),
+                           jnp.full((2, 4), -0.5), rewards=jnp.asarray([1.0, 0.0]))
+  wide = types.with_reply_width(traj, 6).check()
+  assert wide.tokens.shape == (2, 9) and wide.prompt_width == 3
+  np.testing.assert_array_equal(wide.tokens[:, :7], traj.tokens)
+  for name, fill in (("valid", False), ("policy_mask", False), ("turn_id", -1),
+                     ("sampling_logprobs", 0.0), ("tokens", 0)):
+    np.testing.assert_array_equal(getattr(wide, name)[:, :7], getattr(traj, name))
+    assert np.all(np.asarray(getattr(wide, name))[:, 7:] == fill), name
+  np.testing.assert_array_equal(wide.rewards, traj.rewards)
+  assert types.with_reply_width(traj, 4) is traj and types.with_reply_width(traj, 2) is traj
+  blocks = traj.replace(reply_spans=((3, 4),))  # turn blocks keep their columns
+  assert types.with_reply_width(blocks, 6) is blocks
 
 
 def test_rewards_sum_the_turns_that_happened():
