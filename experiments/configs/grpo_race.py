@@ -49,6 +49,24 @@ compilation bought 12 more steps by 10 minutes, but its steps after that were
 2.28), and the list layout was level by 20 minutes. So this config keeps the
 list layout (README, "Learning race").
 
+With a packed batch padded to the reply budget (one program per slot count,
+since 2026-11-28), the project's side alone against the same TRL side: 0.26
+.57 .62 .58 .67 .73 .76 .70 .72 .74 .76 .78 .79 in 250 steps, 5 programs
+(107 s of compilation) against 6 (148 s), speedup 2.38.
+
+bfloat16 compute (`dtype="bfloat16"`: f32 parameters, bf16 products), the
+project's side alone against the TRL side of that list race (the same Zen 4
+kind, 2026-11-28): 337 steps in 30 minutes against 221 (on that CPU the
+update at 48 columns ran 7.3 s against 11.3 s, a 64-row rollout decoded 518
+against 365 tokens/s), but the same curve: 0.26 .49 .64 .61 .61 .72 .72 .74
+.76 .77 .78 .80 .80 at 2.5-minute marks (TRL's final 0.68 first passed at
+12.5 minutes, speedup 2.40; the exported policy graded 0.78 in transformers).
+More steps on the training-time cosine did not lift the 5-10 minute figures.
+bfloat16 with 8 prompts per step (twice the batch, about the list race's step
+rate), a screen stopped after 17.5 minutes: 0.55 (3.3 min) .58 (5.3) .70 (7.6)
+.65 (10.0) .72 .68 .71. One run each, within a figure's 5-point standard
+error of the list race; this config stays in float32 with 4 prompts.
+
 The main job's entropy gate (gradient through the 20% highest-entropy tokens)
 added to this config, one race invocation on an AVX-512 machine without AMX
 (2026-11-26): 0.26 .57 .48 .71 .74 .74 .75 in 190 steps, TRL 0.26 .46 .62
