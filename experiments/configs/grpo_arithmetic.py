@@ -152,8 +152,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # With share_prompt, GRPO's update runs only the reply tokens, packed into one
   # stream, not B rows of the longest reply's width: the same values
   # (tests/test_scoring.py), less time per step (README, "Packed replies"), for a
-  # few more compiles as replies shorten (rollout/shapes.py: half octaves). Rows in
-  # multi-turn blocks stay padded.
+  # few more compiles as replies shorten (rollout/shapes.py: half octaves; a packed
+  # batch is padded to max_new_tokens columns, so one program per slot count). Rows
+  # in multi-turn blocks stay padded.
   c.pack_replies = True
   # ...only where its slots are at most this fraction of the padded rows' reply
   # columns; elsewhere the padded program (one per reply width) serves. 1.0: always.
