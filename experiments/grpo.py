@@ -310,9 +310,8 @@ def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int
   """`traj` with its reply columns padded to `width` (as they are if already that wide),
   and token-level f32[B, T] advantages with them (f32[B] ones as they are)."""
   traj = types.with_reply_width(traj, width)
-  extra = traj.tokens.shape[1] - advantages.shape[-1]
-  if advantages.ndim == 2 and extra > 0:
-    advantages = jnp.pad(advantages, ((0, 0), (0, extra)))
+  if advantages.ndim == 2:  # token-level: one per column, so the new columns get zeros
+    advantages = jnp.pad(advantages, ((0, 0), (0, traj.tokens.shape[1] - advantages.shape[1])))
   return traj, advantages
 
 

@@ -207,6 +207,10 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
     assert batch.old_logp.shape == batch.traj.tokens.shape
     np.testing.assert_array_equal(batch.traj.policy_mask[:, :8 + n], traj.policy_mask)
   assert widths == {1.0: (config.max_new_tokens, True), 0.1: (n, False)}
+  # Token-level advantages (a turn credit's f32[B, T]) follow the columns, zeros on the new.
+  wide, advantages = grpo.padded_replies(traj, jnp.ones((b, 8 + n)), config.max_new_tokens)
+  assert advantages.shape == wide.tokens.shape == (b, 8 + config.max_new_tokens)
+  assert np.all(np.asarray(advantages)[:, 8 + n:] == 0) and np.all(advantages[:, :8 + n] == 1)
 
 
 def _cli(workdir, *flags, **popen):
