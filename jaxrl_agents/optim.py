@@ -17,9 +17,15 @@ SCHEDULES = ("constant", "cosine", "linear")
 CLOCKS = ("updates", "train_time")
 
 
+def check_decay_over(decay_over: float) -> None:
+  if not 0.0 < decay_over <= 1.0:
+    raise ValueError(f"decay_over is the fraction of the run the decay spans: expected a "
+                     f"number in (0, 1], got {decay_over!r}")
+
+
 def learning_rate_schedule(
     learning_rate: float, total_updates: int, warmup_updates: int = 0,
-    decay: str = "constant", end_fraction: float = 0.0
+    decay: str = "constant", end_fraction: float = 0.0, decay_over: float = 1.0
 ) -> optax.Schedule:
   """Linear warm-up from 0 to `learning_rate`, then constant, cosine or linear decay.
 
@@ -29,13 +35,16 @@ def learning_rate_schedule(
     warmup_updates: updates of linear warm-up.
     decay: one of SCHEDULES.
     end_fraction: final rate / peak rate for the decaying schedules.
+    decay_over: the fraction of the updates after the warm-up that the decay spans;
+      the rate then holds at end_fraction x peak.
   """
   if decay not in SCHEDULES:
     raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
   if learning_rate <= 0:
     raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+  check_decay_over(decay_over)
   warmup_updates = max(0, min(warmup_updates, total_updates))
-  rest = max(1, total_updates - warmup_updates)
+  rest = max(1, round((total_updates - warmup_updates) * decay_over))
   if decay == "constant":
     after = optax.constant_schedule(learning_rate)
   elif decay == "cosine":
@@ -48,15 +57,17 @@ def learning_rate_schedule(
   return optax.join_schedules([warmup, after], [warmup_updates])
 
 
-def decay_factor(progress: jax.Array, decay: str, end_fraction: float = 0.0) -> jax.Array:
-  """Rate / peak rate at `progress` in [0, 1] of the decay (clipped): 1 at 0, end_fraction at 1.
+def decay_factor(progress: jax.Array, decay: str, end_fraction: float = 0.0,
+                 decay_over: float = 1.0) -> jax.Array:
+  """Rate / peak rate at `progress` in [0, 1] of the run: 1 at 0, end_fraction from decay_over on.
 
   The same shapes as optax's cosine_decay_schedule (alpha = end_fraction) and
   linear_schedule, as functions of a fraction instead of an update count.
   """
   if decay not in SCHEDULES:
     raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
-  p = jnp.clip(jnp.asarray(progress, jnp.float32), 0.0, 1.0)
+  check_decay_over(decay_over)
+  p = jnp.clip(jnp.asarray(progress, jnp.float32) / decay_over, 0.0, 1.0)
   if decay == "constant":
     return jnp.ones_like(p)
   if decay == "cosine":
@@ -81,7 +92,8 @@ class Optimizer(NamedTuple):
 def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
     decay: str = "constant", end_fraction: float = 0.0, clock: str = "updates",
-    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+    decay_over: float = 1.0, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
+    eps: float = 1e-8,
     grad_clip: float | None = 1.0,
     groups: Mapping[str, Mapping[str, Any]] | None = None,
     label_fn: Callable[[Any], Any] | None = None,
@@ -100,6 +112,9 @@ def make_optimizer(
   update after `max_consecutive_errors` skips; that limit is set out of reach
   so a non-finite update is never applied.
 
+  The decay spans the first `decay_over` of the clock (updates after the warm-up,
+  or training time), then the rate holds at end_fraction x peak.
+
   With clock="train_time" the decay is a factor on the updates computed from
   the run's progress (see `minibatch_updates(lr_scale=...)`); AdamW's update,
   weight decay included, is linear in the rate, so this is the decayed rate.
@@ -114,7 +129,8 @@ def make_optimizer(
 
   def adamw(learning_rate, warmup_updates, end_fraction, weight_decay, b1, b2, eps):
     schedule = learning_rate_schedule(learning_rate, total_updates, warmup_updates,
-                                      decay if by_updates else "constant", end_fraction)
+                                      decay if by_updates else "constant", end_fraction,
+                                      decay_over)
     return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay), schedule
 
   main, schedule = adamw(**settings)
@@ -133,7 +149,7 @@ def make_optimizer(
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
   tx = optax.apply_if_finite(optax.chain(*parts, main), max_consecutive_errors=2**30)
   scale = jnp.ones_like if by_updates else functools.partial(
-      decay_factor, decay=decay, end_fraction=end_fraction)
+      decay_factor, decay=decay, end_fraction=end_fraction, decay_over=decay_over)
   return Optimizer(tx=tx, schedule=schedule, scale=scale)
 
 

@@ -493,20 +493,27 @@ def test_time_budget_stops_and_timed_evaluations(tmp_path):
   assert train[1]["train_time_s"] == pytest.approx(spent + train[1]["step_time_s"])
 
 
-def test_learning_rate_decays_over_the_time_budget(tmp_path):
+@pytest.mark.parametrize("decay_over", [1.0, 0.5])
+def test_learning_rate_decays_over_the_time_budget(tmp_path, decay_over):
   config = grpo_arithmetic.get_config("tiny")
   config.steps, config.eval_every, config.checkpoint_every = 4, 0, 100
   config.time_budget_s = 600.0
-  config.optimizer.update(decay="linear", clock="train_time", end_fraction=0.25)
+  config.optimizer.update(decay="linear", clock="train_time", end_fraction=0.25,
+                          decay_over=decay_over)
   grpo.train(config, str(tmp_path), progress=False)
   train = _records(str(tmp_path), "train")
   assert [r["step"] for r in train] == [1, 2, 3, 4]
   peak = config.optimizer.learning_rate
   for r in train:  # the rate of a step is set by the training time spent before it
     progress = (r["train_time_s"] - r["step_time_s"]) / config.time_budget_s
-    assert r["learning_rate"] == pytest.approx(peak * (1 - 0.75 * progress), rel=1e-5)
+    assert r["learning_rate"] == pytest.approx(peak * (1 - 0.75 * progress / decay_over),
+                                               rel=1e-5)
   assert train[0]["learning_rate"] == pytest.approx(peak)
   assert train[-1]["learning_rate"] < train[1]["learning_rate"] < peak
+  config.optimizer.decay_over = 0.0
+  with pytest.raises(ValueError, match="config.optimizer.decay_over .*got 0.0"):
+    grpo.validate(config)
+  config.optimizer.decay_over = decay_over
   config.time_budget_s = 0.0
   with pytest.raises(ValueError, match="set config.time_budget_s > 0"):
     grpo.validate(config)

@@ -57,6 +57,29 @@ def test_decay_factor_matches_optax_schedules_by_fraction(decay, reference):
   np.testing.assert_allclose(optim.decay_factor(1.7, decay, 0.1) * peak, schedule(n), rtol=1e-5)
 
 
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+def test_decay_over_part_of_the_run_then_holds(decay):
+  """decay_over=0.25: the whole decay in the first quarter, then the end rate."""
+  n, peak = 40, 3e-4
+  whole = optim.learning_rate_schedule(peak, n // 4, decay=decay, end_fraction=0.1)
+  part = optim.learning_rate_schedule(peak, n, decay=decay, end_fraction=0.1, decay_over=0.25)
+  for k in (0, 3, 5, 10):
+    np.testing.assert_allclose(part(k), whole(k), rtol=1e-6)
+    np.testing.assert_allclose(optim.decay_factor(k / n, decay, 0.1, decay_over=0.25) * peak,
+                               whole(k), rtol=1e-5)
+  for k in (11, 25, 40):
+    np.testing.assert_allclose(part(k), 0.1 * peak, rtol=1e-5)
+    np.testing.assert_allclose(optim.decay_factor(k / n, decay, 0.1, decay_over=0.25), 0.1,
+                               rtol=1e-5)
+  # Halfway through the cosine's span: (1 + cos(pi / 2)) / 2 of the way down.
+  if decay == "cosine":
+    np.testing.assert_allclose(optim.decay_factor(0.125, decay, 0.1, decay_over=0.25),
+                               0.1 + 0.9 * 0.5, rtol=1e-6)
+  for bad in (0.0, -0.5, 1.5, float("nan")):
+    with pytest.raises(ValueError, match="decay_over"):
+      optim.make_optimizer(learning_rate=1e-3, total_updates=n, decay=decay, decay_over=bad)
+
+
 def test_train_time_clock_scales_adamw_updates_like_a_smaller_rate():
   """AdamW (with weight decay) at rate r, scaled by s, equals AdamW at rate r * s."""
   params = {"w": jnp.array([0.5, -1.0, 2.0])}

@@ -163,9 +163,11 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.pack_below = 0.5
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
-  # "train_time", the fraction of time_budget_s spent (for time-budgeted runs).
+  # "train_time", the fraction of time_budget_s spent (for time-budgeted runs). It spans
+  # the first `decay_over` of the clock; the rate then holds at end_fraction x peak.
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=2e-5, warmup_updates=0, decay="constant", end_fraction=0.0, clock="updates",
+      decay_over=1.0,
       weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0))
   c.max_consecutive_nonfinite = 5
 
