@@ -61,7 +61,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxrl_agents import checkpointing, distributed, sharding
+from jaxrl_agents import checkpointing, distributed, precompile, sharding
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import workdir as workdir_lib
 
@@ -74,9 +74,12 @@ class TrainingStopped(RuntimeError):
 
 # ----------------------------------------------------------------------------
 # Compile-time accounting: JAX reports the duration of every trace, lowering
-# and backend compile; summing them per step separates compile from compute.
+# and backend compile, in the thread that does it; summing them per step
+# separates compile from compute. The part done in the background compile
+# thread (`precompile`) ran beside the step's other work, not before it.
 
-_COMPILE_SECONDS = [0.0]
+_COMPILE_SECONDS = {"all": 0.0, "background": 0.0}
+_COMPILE_LOCK = threading.Lock()
 _COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
                    "/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration")
@@ -84,15 +87,24 @@ _COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
 
 def _on_duration(event: str, duration: float, **_) -> None:
   if event in _COMPILE_EVENTS:
-    _COMPILE_SECONDS[0] += duration
+    background = threading.current_thread().name == precompile.THREAD_NAME
+    with _COMPILE_LOCK:
+      _COMPILE_SECONDS["all"] += duration
+      if background:
+        _COMPILE_SECONDS["background"] += duration
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 def compile_seconds() -> float:
-  """Seconds spent tracing, lowering and compiling since the process started."""
-  return _COMPILE_SECONDS[0]
+  """Seconds spent tracing, lowering and compiling since the process started, in any thread."""
+  return _COMPILE_SECONDS["all"]
+
+
+def background_compile_seconds() -> float:
+  """The part of `compile_seconds()` spent in the background compile thread."""
+  return _COMPILE_SECONDS["background"]
 
 
 class StepResult(NamedTuple):
@@ -347,10 +359,12 @@ class _Run:
                     "step": self.step, "train_time_s": self.train_time})
     return True
 
-  def log_step(self, result: StepResult, seconds: float, compile_s: float) -> None:
+  def log_step(self, result: StepResult, seconds: float, compile_s: float,
+               background_compile_s: float) -> None:
     self.writer.write_scalars(self.step, {**result.record, "step_time_s": seconds,
                                           "train_time_s": self.train_time,
-                                          "compile_time_s": compile_s})
+                                          "compile_time_s": compile_s,
+                                          "background_compile_time_s": background_compile_s})
     every = self.config.get("sample_every", 0)
     if every and self.step % every == 0 and result.samples:
       self.writer.write_samples(self.step, result.samples[:self.config.samples_per_log])
@@ -473,7 +487,8 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
   with _Preemption() as preemption:
     try:
       while r.step < config.steps:
-        compile_before, t0 = compile_seconds(), time.perf_counter()
+        compile_before, background_before = compile_seconds(), background_compile_seconds()
+        t0 = time.perf_counter()
         result = train_step(r.state, jax.random.fold_in(base_rng, r.step),
                             r.train_time / r.budget if r.budget > 0 else r.step / config.steps)
         # Every process decides the schedule (evaluations, checkpoints, the time budget,
@@ -481,7 +496,8 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
         seconds, stop = distributed.agree(time.perf_counter() - t0, preemption.requested)
         preemption.requested = stop
         r.state, r.step, r.train_time = result.state, r.step + 1, r.train_time + seconds
-        r.log_step(result, seconds, compile_seconds() - compile_before)
+        r.log_step(result, seconds, compile_seconds() - compile_before,
+                   background_compile_seconds() - background_before)
         shown = {k: f"{result.record[k]:.3f}" for k in postfix if k in result.record}
         bar.set_postfix({"step": r.step, **shown} if timed else shown)
         bar.update(min(round(r.train_time), round(r.budget)) - bar.n if timed else 1)

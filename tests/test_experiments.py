@@ -26,10 +26,12 @@ TRAIN_KEYS = {
     "reward_mean", "reward_std", "reward/math_strict_mean", "reward/short_reply_std",
     "accuracy", "approx_kl", "entropy", "clip_frac", "grad_norm", "response_length",
     "rollout_tokens_per_s", "update_tokens_per_s", "step_time_s", "compile_time_s",
-    "skipped_updates", "learning_rate", "reward_timeouts", "prompts_truncated"}
+    "background_compile_time_s", "skipped_updates", "learning_rate", "reward_timeouts",
+    "prompts_truncated"}
 # Wall-clock measurements differ between any two runs; everything else must not.
 TIMING_KEYS = {"rollout_time_s", "update_time_s", "step_time_s", "rollout_tokens_per_s",
-               "update_tokens_per_s", "compile_time_s", "eval_time_s", "train_time_s"}
+               "update_tokens_per_s", "compile_time_s", "background_compile_time_s",
+               "eval_time_s", "train_time_s"}
 
 
 def _records(workdir, kind=None):

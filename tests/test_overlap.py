@@ -114,8 +114,8 @@ def _tiny_overlap_config(steps, correction="tis"):
 
 def _untimed(workdir):
   timing = {"rollout_time_s", "update_time_s", "step_time_s", "rollout_tokens_per_s",
-            "update_tokens_per_s", "compile_time_s", "eval_time_s", "train_time_s",
-            "rollout_wait_s"}
+            "update_tokens_per_s", "compile_time_s", "background_compile_time_s",
+            "eval_time_s", "train_time_s", "rollout_wait_s"}
   return [{k: v for k, v in r.items() if k not in timing}
           for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 

@@ -65,7 +65,8 @@ def test_a_failed_compile_falls_back_and_its_error_is_not_swallowed(caplog):
 
 def _untimed(workdir):
   timing = {"rollout_time_s", "update_time_s", "step_time_s", "rollout_tokens_per_s",
-            "update_tokens_per_s", "compile_time_s", "eval_time_s", "train_time_s"}
+            "update_tokens_per_s", "compile_time_s", "background_compile_time_s",
+            "eval_time_s", "train_time_s"}
   return [{k: v for k, v in r.items() if k not in timing}
           for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
@@ -95,3 +96,9 @@ def test_a_run_with_its_first_update_precompiled_logs_what_one_without_logs(
   grpo.train(config, str(tmp_path / "on_call"), progress=False)
   assert instances[1].hits == 0
   assert _untimed(tmp_path / "ahead") == _untimed(tmp_path / "on_call")
+  # The compile time is counted by thread: the first update's compile in the background,
+  # within the first step's total; none in the background without the ahead-of-time compile.
+  ahead, on_call = ([r for r in metrics_lib.read_jsonl(str(tmp_path / d / "metrics.jsonl"))
+                     if r["kind"] == "train"] for d in ("ahead", "on_call"))
+  assert 0 < ahead[0]["background_compile_time_s"] < ahead[0]["compile_time_s"]
+  assert all(r["background_compile_time_s"] == 0 for r in ahead[1:] + on_call)
