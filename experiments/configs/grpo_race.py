@@ -91,7 +91,9 @@ with the decay over a 15-minute budget: 0.26 .57 .59 .69 .73 .77 .77 at
 optimizer.end_fraction=0.1`): 0.26 .57 .67 .67 .75 .75 .79 .76 .77 .79 .78
 .80 .80 in 248 steps, TRL 0.26 .29 .46 .58 .62 .62 .64 .65 .69 .69 .71 .75
 .75 in 174; TRL's final 0.75 first reached (and held) at 10.04 minutes,
-speedup 2.99; the exported policy graded 0.80 in transformers.
+speedup 2.99; the exported policy graded 0.80 in transformers. A screen
+with the decay over the first third (10 minutes, end 0.1), stopped after
+12.5 minutes: 0.26 .49 .54 .62 .69 .75, no earlier than over half.
 
 Higher peak rates, this config otherwise, the project's side alone, stopped
 after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
