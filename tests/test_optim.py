@@ -75,7 +75,7 @@ def test_decay_over_part_of_the_run_then_holds(decay):
   if decay == "cosine":
     np.testing.assert_allclose(optim.decay_factor(0.125, decay, 0.1, decay_over=0.25),
                                0.1 + 0.9 * 0.5, rtol=1e-6)
-  for bad in (0.0, -0.5, 1.5, float("nan")):
+  for bad in (0.0, -0.5, 1.5, float("nan"), "0.5", None):
     with pytest.raises(ValueError, match="decay_over"):
       optim.make_optimizer(learning_rate=1e-3, total_updates=n, decay=decay, decay_over=bad)
 
