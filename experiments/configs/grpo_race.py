@@ -93,7 +93,9 @@ optimizer.end_fraction=0.1`): 0.26 .57 .67 .67 .75 .75 .79 .76 .77 .79 .78
 .75 in 174; TRL's final 0.75 first reached (and held) at 10.04 minutes,
 speedup 2.99; the exported policy graded 0.80 in transformers. A screen
 with the decay over the first third (10 minutes, end 0.1), stopped after
-12.5 minutes: 0.26 .49 .54 .62 .69 .75, no earlier than over half.
+12.5 minutes: 0.26 .49 .54 .62 .69 .75, no earlier than over half. This
+config with seed 1, stopped after 12.5 minutes: 0.26 .53 .64 .74 .65 .70
+(TRL's 0.75 not reached by then): the 2.99 is one seed's.
 
 Higher peak rates, this config otherwise, the project's side alone, stopped
 after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
