@@ -87,10 +87,8 @@ def validate_common(config) -> None:
   if config.optimizer.decay not in optim_lib.SCHEDULES:
     raise ValueError(f"config.optimizer.decay must be one of {optim_lib.SCHEDULES}, "
                      f"got {config.optimizer.decay!r}")
-  try:
-    optim_lib.check_decay_over(config.optimizer.get("decay_over", 1.0))
-  except ValueError as e:
-    raise ValueError(f"config.optimizer.{e}") from None
+  optim_lib.check_decay_over(config.optimizer.get("decay_over", 1.0),
+                             name="config.optimizer.decay_over")
   if clock == "train_time" and not config.get("time_budget_s", 0):
     raise ValueError("config.optimizer.clock='train_time' decays the learning rate over the "
                      "time budget: set config.time_budget_s > 0 (or use clock='updates')")

@@ -17,11 +17,11 @@ SCHEDULES = ("constant", "cosine", "linear")
 CLOCKS = ("updates", "train_time")
 
 
-def check_decay_over(decay_over: float) -> None:
-  """Raises ValueError unless decay_over is a number in (0, 1]."""
+def check_decay_over(decay_over: float, name: str = "decay_over") -> None:
+  """Raises ValueError, naming the setting `name`, unless decay_over is a number in (0, 1]."""
   if isinstance(decay_over, bool) or not isinstance(decay_over, int | float) \
       or not 0.0 < decay_over <= 1.0:
-    raise ValueError(f"decay_over is the fraction of the run the decay spans: expected a "
+    raise ValueError(f"{name} is the fraction of the run the decay spans: expected a "
                      f"number in (0, 1], got {decay_over!r}")
 
 
