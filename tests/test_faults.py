@@ -462,6 +462,35 @@ def test_a_checkpoint_from_before_a_config_key_existed_still_resumes():
                                   "reward_time_limit_s": 10.0}, "w")
   with pytest.raises(ValueError, match="prompt_overflow"):
     harness.check_resumable(saved, {**saved, "prompt_overflow": "truncate"}, "w")
+  # The decay spanned the whole clock before `decay_over` existed.
+  saved = {"optimizer": {"decay": "cosine", "end_fraction": 0.0}}
+  harness.check_resumable(saved, {"optimizer": {**saved["optimizer"], "decay_over": 1.0}}, "w")
+  with pytest.raises(ValueError, match="optimizer.decay_over"):
+    harness.check_resumable(saved, {"optimizer": {**saved["optimizer"], "decay_over": 0.5}},
+                            "w")
+
+
+def test_every_config_key_added_since_the_record_has_a_backward_default():
+  """A key added to a shipped config after tests/golden/config_keys.json was recorded is
+  missing from the runs made before it: without a `harness.BACKWARD_DEFAULTS` entry they
+  could not resume."""
+  spec = importlib.util.spec_from_file_location(
+      "make_config_keys", os.path.join(os.path.dirname(__file__), "golden",
+                                       "make_config_keys.py"))
+  make = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(make)
+  with open(make.OUT) as f:
+    record = json.load(f)
+  names = make.config_names()
+  assert {"grpo_arithmetic", "grpo_race", "grpo_race:tiny", "ppo_arithmetic"} <= set(names)
+  unrecorded = sorted(set(names) - set(record))
+  assert not unrecorded, f"record the new configs {unrecorded}: python {make.__file__}"
+  missing = {name: sorted(set(make.flat_keys(name)) - set(record[name])
+                          - set(harness.BACKWARD_DEFAULTS))
+             for name in names}
+  missing = {name: keys for name, keys in missing.items() if keys}
+  assert not missing, (f"config keys added without an entry in harness.BACKWARD_DEFAULTS "
+                       f"(the value runs made before them computed with): {missing}")
 
 
 def test_start_over_on_a_relaunched_command_resumes_the_run_it_started(tmp_path, caplog):
