@@ -3,6 +3,7 @@
   .venv/bin/python benchmarks/learning_race.py                  # 30 minutes of training each
   .venv/bin/python benchmarks/learning_race.py --sides none     # the report again, from --out
   .venv/bin/python benchmarks/learning_race.py --budget-min 10 --eval-every-min 1
+  .venv/bin/python benchmarks/learning_race.py --sides ours --resume   # after a crash
 
 Both sides start from the same SmolLM2-135M-Instruct weights (the project's
 converted Hugging Face directory), train on the same arithmetic/mixed training
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -98,6 +100,18 @@ def run_trl(paths, out, budget_s, eval_every_s) -> list[dict]:
   print(f"TRL side done in {(time.perf_counter() - start) / 60:.1f} min of wall-clock",
         flush=True)
   return read_jsonl(os.path.join(trl_out, "evals.jsonl"))
+
+
+def start_ours(out: str, resume: bool) -> None:
+  """Readies OUT/ours for the project's side: removed, so that the side starts from the
+  initial weights, or kept with `resume` for the trainer to continue from its checkpoints."""
+  workdir = os.path.join(out, "ours")
+  if not os.path.exists(workdir):
+    return
+  if resume:
+    print(f"resuming the project's side from {workdir}", flush=True)
+  else:
+    shutil.rmtree(workdir)
 
 
 def run_ours(paths, out, budget_s, eval_every_s, eval_size, overrides) -> list[dict]:
@@ -185,6 +199,10 @@ def main() -> int:
   parser.add_argument("--sides", default="trl,ours",
                       help="which sides to (re)run, or none; the other side's results are "
                            "read from --out (none: only the report, from --out)")
+  parser.add_argument("--resume", action="store_true",
+                      help="continue the project's side from the checkpoints in OUT/ours (a "
+                           "side that crashed; its config must be the same) instead of "
+                           "starting it over; its times then include a second compilation")
   parser.add_argument("--override", action="append", default=[],
                       help="extra --config.KEY=VALUE for the project's side (repeatable)")
   args = parser.parse_args()
@@ -198,10 +216,8 @@ def main() -> int:
 
   subprocess.run([os.path.join(HERE, "setup_trl.sh")], check=True)
   paths = prepare(args.out, args.eval_size)
-  if "ours" in sides and os.path.exists(os.path.join(args.out, "ours")):
-    import shutil
-
-    shutil.rmtree(os.path.join(args.out, "ours"))  # a race starts from the initial weights
+  if "ours" in sides:
+    start_ours(args.out, args.resume)
   trl = run_trl(paths, args.out, budget_s, eval_every_s) if "trl" in sides else \
       read_jsonl(os.path.join(args.out, "trl", "evals.jsonl"))
   ours = run_ours(paths, args.out, budget_s, eval_every_s, args.eval_size,

@@ -1,4 +1,4 @@
-"""The learning race's readouts, on hand-made evaluation curves."""
+"""The learning race's readouts, on hand-made evaluation curves, and its workdir handling."""
 
 import importlib.util
 import pathlib
@@ -42,3 +42,13 @@ def test_a_curve_above_the_target_from_the_start_holds_it_at_zero(race):
   evals = curve((0, 0.8), (5, 0.85))
   assert race.minutes_to_reach(evals, 0.75) == 0
   assert race.minutes_to_hold(evals, 0.75) == 0
+
+
+def test_the_project_side_starts_over_unless_resumed(race, tmp_path):
+  checkpoint = tmp_path / "ours" / "checkpoints" / "30"
+  checkpoint.mkdir(parents=True)
+  race.start_ours(str(tmp_path), resume=True)
+  assert checkpoint.is_dir()  # kept for the trainer to continue from
+  race.start_ours(str(tmp_path), resume=False)
+  assert not (tmp_path / "ours").exists()
+  race.start_ours(str(tmp_path), resume=False)  # nothing there: nothing to do
