@@ -95,7 +95,11 @@ speedup 2.99; the exported policy graded 0.80 in transformers. A screen
 with the decay over the first third (10 minutes, end 0.1), stopped after
 12.5 minutes: 0.26 .49 .54 .62 .69 .75, no earlier than over half. This
 config with seed 1, stopped after 12.5 minutes: 0.26 .53 .64 .74 .65 .70
-(TRL's 0.75 not reached by then): the 2.99 is one seed's.
+(TRL's 0.75 not reached by then): the 2.99 is one seed's. The whole race
+again with this config as it is (no overrides), the same day and kind of
+machine: 0.26 .61 .65 .68 .66 .75 .74 .77 .81 .79 .78 .79 .79 in 251 steps,
+TRL 0.26 .27 .39 .56 .60 .61 .64 .64 .66 .68 .70 .72 .78 in 158 (TRL's final
+0.78 first reached at 20.02 minutes, speedup 1.50; final +1).
 
 Higher peak rates, this config otherwise, the project's side alone, stopped
 after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
