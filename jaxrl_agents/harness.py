@@ -315,9 +315,12 @@ class _Run:
     moved = metrics_lib.MetricWriter(
         self.workdir, tensorboard=False).truncate_after(self.step) if main else None
     distributed.barrier("logs truncated")  # every process then reads the same logs
-    self.last_eval_step = max((rec["step"] for rec in metrics_lib.read_jsonl(
-        os.path.join(self.workdir, metrics_lib.METRICS_FILE)) if rec.get("kind") == "eval"),
-        default=-1)
+    evals = [rec for rec in metrics_lib.read_jsonl(
+        os.path.join(self.workdir, metrics_lib.METRICS_FILE)) if rec.get("kind") == "eval"]
+    if evals:  # what `run` returns if the resumed run evaluates no more
+      last = max(evals, key=lambda rec: rec["step"])
+      self.last_eval_step = last["step"]
+      self.last_eval = {k: v for k, v in last.items() if k not in ("step", "kind")}
     if moved:
       log.warning("log lines after step %d (written after the checkpoint) moved to %s",
                   self.step, moved)
@@ -477,6 +480,11 @@ def _loop(r: _Run, train_step, postfix: Sequence[str], finite_keys: Sequence[str
       config.eval_every and start_step % config.eval_every == 0)
   if start_step == 0 or (scheduled and r.last_eval_step != start_step):
     r.run_eval()
+  if r.budget > 0 and r.train_time >= r.budget:  # resumed after its time budget ran out
+    log.info("time budget of %.0f s already spent at step %d", r.budget, r.step)
+    if r.last_eval_step != r.step:  # an end-of-run evaluation lost to a crash
+      r.run_eval()
+    return
   # A time-budgeted run ends when its training seconds run out: its bar counts those.
   timed = r.budget > 0
   bar = tqdm(total=round(r.budget) if timed else config.steps,

@@ -119,6 +119,12 @@ def test_time_budget_stops_checkpoints_and_evaluates(tmp_path):
   assert [r["step"] for r in records if r["kind"] == "train"] == [1]
   assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 1]
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
+  # Resumed with its budget spent, the run is over: no step, no second evaluation.
+  result, calls = _train(_config(steps=1000, time_budget_s=1e-9, eval_every=0,
+                                 eval_every_s=1.0), workdir)
+  assert calls == [] and result == {k: v for k, v in records[-1].items()
+                                    if k not in ("step", "kind")}
+  assert _records(workdir) == records
 
 
 def test_nonfinite_steps_stop_the_run(tmp_path):
