@@ -27,7 +27,8 @@ every `checkpoint_every` steps, at the end, when the time budget
 refuses a config that computes differently (`check_resumable`) and continues
 exactly where the checkpoint left it: step keys derive from (seed, step).
 Training time is the wall-clock of the train steps (compilation included,
-evaluation and checkpointing excluded) and carries over a resume. With
+evaluation and checkpointing excluded) and carries over a resume; a run
+resumed with its time budget spent takes no further step. With
 `config.mesh` naming more than one device, the train state is placed on that
 mesh by `sharding.RULES` (and restored onto it), so a resume may use another mesh.
 
