@@ -35,7 +35,6 @@ _LITERAL = re.compile(r"\"(\w+)\"")
 def config_names() -> list[str]:
   """module or module:variant for every shipped config with a get_config; the variants
   are the string literals its source compares `variant` with."""
-  sys.path.insert(0, REPO)
   from experiments import configs
 
   names = []
@@ -62,6 +61,7 @@ def flat_keys(name: str) -> list[str]:
 
 
 def main() -> None:
+  sys.path.insert(0, REPO)  # run as a script from anywhere: the project's packages import
   record = {}
   if os.path.exists(OUT):
     with open(OUT) as f:
