@@ -94,6 +94,9 @@ class GRPOSettings:
     pack_width: the reply columns a packed batch is padded to (the sampling budget; 0:
       its trimmed width). A packed program costs what its slots cost, so at one width
       one program per slot count serves every trimmed width the rollouts move through.
+    drop_tied_groups: the update leaves out the groups whose advantages are all zero
+      (`without_tied_groups`): no gradient is lost, the token mean is over the
+      groups that teach, and a packed update pays for their replies only.
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
@@ -116,6 +119,7 @@ class GRPOSettings:
   pack_replies: bool = False
   pack_below: float = 0.5
   pack_width: int = 0
+  drop_tied_groups: bool = False
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -215,6 +219,7 @@ def settings_from_config(config) -> GRPOSettings:
       pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
       pack_below=float(config.get("pack_below", GRPOSettings.pack_below)),
       pack_width=int(config.get("max_new_tokens", 0)),
+      drop_tied_groups=bool(config.get("drop_tied_groups", False)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
@@ -302,7 +307,32 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
   if s.turn_credit != "episode":
     keys = None if r.turn_keys is None else jnp.asarray(np.asarray(r.turn_keys)[rows])
     advantages = turn_advantages(s, traj, advantages, keys)
+  if s.drop_tied_groups:
+    traj = without_tied_groups(traj, advantages, g)
   return traj, advantages, np.asarray(r.correct, np.float32)[rows]
+
+
+def without_tied_groups(traj: types.Trajectory, advantages: jax.Array, group_size: int
+                        ) -> types.Trajectory:
+  """`traj` with no policy tokens in the groups whose advantages are all zero.
+
+  Such a group (its rewards tie) adds nothing to the policy gradient, but its
+  tokens count in a token mean's denominator: with 1 group of 4 that varies,
+  the update moves the policy a quarter as far as with 4, so the step size
+  falls just when the signal is scarce. Unmasked, those rows also cost a
+  packed update nothing. DAPO's dynamic sampling trains on varied groups only
+  in the same way (it resamples to fill the batch; here the batch's shape stays
+  fixed and the tied rows are masked). The rows stay in the batch, so shapes do
+  not change; the loss's terms that read the mask (KL, entropy bonus, the
+  entropy logged) then cover the varied groups only.
+
+  Args:
+    traj: B = groups x `group_size` rows.
+    advantages: f32[B] or token-level f32[B, T].
+  """
+  per_group = np.asarray(advantages).reshape(traj.tokens.shape[0] // group_size, -1)
+  varied = np.repeat(np.any(per_group != 0, axis=1), group_size)
+  return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
 
 
 def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int

@@ -1,5 +1,6 @@
 """GRPO and PPO end to end on the tiny preset: artifacts, resume, failures, export, learning."""
 
+import functools
 import json
 import os
 import signal
@@ -213,6 +214,48 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
   wide, advantages = grpo.padded_replies(traj, jnp.ones((b, 8 + n)), config.max_new_tokens)
   assert advantages.shape == wide.tokens.shape == (b, 8 + config.max_new_tokens)
   assert np.all(np.asarray(advantages)[:, 8 + n:] == 0) and np.all(advantages[:, :8 + n] == 1)
+
+
+def test_tied_groups_leave_the_update_and_its_token_mean():
+  """drop_tied_groups: a group whose rewards tie keeps its rows but loses its policy
+  tokens, so the token-mean gradient is the kept groups' own (the full batch's times
+  all tokens / the varied groups' tokens) and a packed update holds fewer slots."""
+  config = grpo_arithmetic.get_config("tiny")
+  config.pack_replies, config.pack_below = True, 1.0
+  model = zoo.load("tiny")
+  g, n = config.group_size, 8
+  b = config.prompts_per_step * g
+  lengths = np.arange(b) % n + 1
+  rewards = (np.arange(b) % 2).astype(np.float32)
+  rewards[g:2 * g] = 1.0  # the second group's rewards tie
+  traj = types.with_outcome(types.single_turn(
+      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
+      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
+      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
+  rollout = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+                            completions=[""] * b, rewards=rewards,
+                            components={"reward": rewards}, correct=rewards)
+  batches, grads = {}, {}
+  for drop in (False, True):
+    config.drop_tied_groups = drop
+    algorithm = grpo.GRPO(config, model.cfg)
+    state = algorithm.init_state(model.params, jax.random.key(0))._replace(updates=jnp.int32(3))
+    batches[drop] = batch = algorithm.prepare(state, rollout, jax.random.key(1))
+    loss = functools.partial(grpo.grpo_loss, cfg=model.cfg, s=algorithm.settings,
+                             slots=batch.packed_slots.shape[0])
+    grads[drop] = jax.grad(lambda p, batch=batch, loss=loss: loss(p, batch)[0])(model.params)
+  kept, dropped = (np.asarray(batches[d].traj.policy_mask) for d in (False, True))
+  tied = np.zeros(b, bool)
+  tied[g:2 * g] = True
+  assert kept[tied].any() and not dropped[tied].any()
+  np.testing.assert_array_equal(dropped[~tied], kept[~tied])
+  np.testing.assert_array_equal(batches[True].advantages, batches[False].advantages)
+  assert batches[True].packed_slots.shape[0] < batches[False].packed_slots.shape[0]
+  scale = kept.sum() / dropped.sum()
+  assert scale > 1.2  # the tied group held a real share of the tokens
+  for a, c in zip(jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True]), strict=True):
+    np.testing.assert_allclose(c, scale * np.asarray(a), rtol=2e-3, atol=1e-7)
+  assert max(float(np.abs(a).max()) for a in jax.tree.leaves(grads[True])) > 0
 
 
 def _cli(workdir, *flags, **popen):

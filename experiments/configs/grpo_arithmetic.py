@@ -112,6 +112,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Sample oversample x prompts_per_step prompts per step and train on the
   # prompts_per_step groups whose rewards vary (experiments.grpo.select_groups).
   c.oversample = 1
+  # Leave the groups whose rewards tie (zero advantage) out of the update's token mean
+  # and its packed tokens (experiments.grpo.without_tied_groups).
+  c.drop_tied_groups = False
   c.max_new_tokens = 32
   c.temperature = 0.8
   c.top_p = 1.0
