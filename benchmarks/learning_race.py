@@ -30,12 +30,20 @@ speedup_to_hold_trl_final (the first evaluation from which every later one
 stays at or above TRL's final). The first crossing is only as fine as the
 evaluation grid: with 5-minute evaluations a crossing at the 10-minute one
 reads 2.94-3.0 depending on where the step that passes 600 s ends.
+
+Both finals are also paired question by question (`paired_finals`, from the
+transformers grading of each side's final policy): the questions only one side
+gets right, the difference with its paired standard error, and McNemar's exact
+p-value. On 100 questions a final's own standard error is about 4 points; the
+pairing removes the questions both sides get right (or wrong) from the
+comparison's noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -126,8 +134,9 @@ def run_ours(paths, out, budget_s, eval_every_s, eval_size, overrides) -> list[d
   return [r for r in records if r["kind"] == "eval"]
 
 
-def cross_check(paths, out) -> float:
-  """The project's final policy exported to Hugging Face and graded with transformers."""
+def cross_check(paths, out) -> dict:
+  """The project's final policy exported to Hugging Face and graded with transformers:
+  {"accuracy", "correct" (each question's 0/1 verdict), "sample"}."""
   hf_dir = os.path.join(out, "ours_hf")
   run([sys.executable, "-m", "jaxrl_agents.export", "--workdir", os.path.join(out, "ours"),
        "--out", hf_dir, "--overwrite"],  # a rerun re-exports over the last one
@@ -135,7 +144,30 @@ def cross_check(paths, out) -> float:
   proc = subprocess.run([TRL_PYTHON, os.path.join(HERE, "race_trl.py"), "grade", "--model",
                          hf_dir, "--eval", paths["eval"]], cwd=REPO, capture_output=True,
                         text=True, check=True)
-  return json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def paired_finals(trl: list[int], ours: list[int]) -> dict:
+  """The two finals compared on the same questions (0/1 verdicts, same order).
+
+  Returns n, ours_only / trl_only (questions one side alone gets right), the
+  difference ours - TRL in accuracy, its paired standard error (the sample
+  standard deviation of the per-question differences over sqrt(n)), and
+  McNemar's exact two-sided p-value (the discordant questions as fair coin
+  flips under no difference).
+  """
+  if len(trl) != len(ours) or not trl:
+    raise ValueError(f"paired finals need verdicts on the same questions: {len(trl)} (TRL) "
+                     f"and {len(ours)} (ours)")
+  n = len(trl)
+  ours_only = sum(o and not t for t, o in zip(trl, ours, strict=True))
+  trl_only = sum(t and not o for t, o in zip(trl, ours, strict=True))
+  discordant, diff = ours_only + trl_only, (ours_only - trl_only) / n
+  variance = (discordant - n * diff ** 2) / (n - 1) if n > 1 else 0.0
+  tail = sum(math.comb(discordant, k) for k in range(min(ours_only, trl_only) + 1))
+  return {"n": n, "ours_only": ours_only, "trl_only": trl_only,
+          "difference": round(diff, 4), "paired_se": round(math.sqrt(variance / n), 4),
+          "mcnemar_p": round(min(1.0, 2 * tail / 2 ** discordant), 4)}
 
 
 def minutes_to_reach(evals: list[dict], target: float) -> float | None:
@@ -226,6 +258,9 @@ def main() -> int:
                                                                   "metrics.jsonl"))
                                if r["kind"] == "eval"]
   ours_hf = cross_check(paths, args.out)
+  # Races before 2026-11-28 logged no per-question verdicts for TRL's evaluations.
+  paired = (paired_finals(trl[-1]["correct"], ours_hf["correct"]) if "correct" in trl[-1]
+            else None)
 
   print(f"\n{'minutes':>8} {'TRL':>6} {'ours':>6}")
   marks = sorted({round(e["train_time_s"] / 60, 1) for e in trl + ours})
@@ -242,13 +277,14 @@ def main() -> int:
       "trl": {"acc_start": trl[0]["accuracy"], "acc_end": trl_final,
               "evals": [(round(e["train_time_s"] / 60, 2), e["accuracy"]) for e in trl]},
       "ours": {"acc_start": ours[0]["accuracy"], "acc_end": ours[-1]["accuracy"],
-               "acc_end_transformers": ours_hf,
+               "acc_end_transformers": ours_hf["accuracy"],
                "evals": [(round(e["train_time_s"] / 60, 2), e["accuracy"]) for e in ours]},
       "minutes_to_reach_trl_final": None if reach is None else round(reach, 2),
       # None when never reached, or reached before any training (no finite ratio).
       "speedup_to_trl_final": round(args.budget_min / reach, 2) if reach else None,
       "minutes_to_hold_trl_final": None if hold is None else round(hold, 2),
       "speedup_to_hold_trl_final": round(args.budget_min / hold, 2) if hold else None,
+      "paired_finals": paired,
   }
   plot(trl, ours, os.path.join(args.out, "race.png"), args.budget_min)
   with open(os.path.join(args.out, "race.json"), "w") as f:

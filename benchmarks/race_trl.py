@@ -5,7 +5,8 @@ drives it. Two commands:
 
   race_trl.py train --model HF_DIR --train train.jsonl --eval eval.jsonl --out DIR \
       --budget-s 1800 --eval-every-s 300
-  race_trl.py grade --model HF_DIR --eval eval.jsonl      # prints {"accuracy": ...}
+  race_trl.py grade --model HF_DIR --eval eval.jsonl      # prints {"accuracy": ...,
+                                                            #   "correct": [0/1 per question]}
 
 `train` runs TRL's GRPOTrainer with the race's settings (2 prompts x 8
 generations per step, at most 48 new tokens, learning rate 5e-6 constant, no
@@ -14,7 +15,9 @@ plus 0.2 for a reply under 40 characters). Training time is the wall-clock of
 the trainer's steps with evaluation excluded, the same clock as the project's
 `train_time_s`. Held-out accuracy (greedy, last-integer grader) is written to
 DIR/evals.jsonl at the start and each time training time crosses a multiple
-of --eval-every-s; TRL's own per-step logs go to DIR/train_log.jsonl.
+of --eval-every-s, with each question's verdict (`correct`, in the eval file's
+order: the race pairs the two sides' finals question by question); TRL's own
+per-step logs go to DIR/train_log.jsonl.
 
 The graders are the project's registered rewards (numpy only), so both sides
 grade with the same code.
@@ -48,8 +51,10 @@ def chat_prompt(tokenizer, question: str) -> str:
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, examples: list[dict], batch_size: int = 32,
-                    max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[float, list[str]]:
-  """Greedy replies to each example's question through the chat template, graded by last integer."""
+                    max_new_tokens: int = MAX_NEW_TOKENS
+                    ) -> tuple[float, list[str], list[int]]:
+  """(accuracy, replies, each question's 0/1 verdict): greedy replies to each example's
+  question through the chat template, graded by last integer."""
   was_training = model.training
   model.eval()
   replies = []
@@ -65,7 +70,7 @@ def greedy_accuracy(model, tokenizer, examples: list[dict], batch_size: int = 32
   if was_training:
     model.train()
   correct = np.asarray(registry.get("reward", "last_integer")(replies, examples))
-  return float(correct.mean()), replies
+  return float(correct.mean()), replies, [int(c) for c in correct]
 
 
 def load(model_dir: str):
@@ -118,9 +123,10 @@ def train(args) -> None:
 
     def _evaluate(self, model, step):
       t0 = time.perf_counter()
-      accuracy, replies = greedy_accuracy(model, tokenizer, eval_rows)
+      accuracy, replies, correct = greedy_accuracy(model, tokenizer, eval_rows)
       record = {"step": step, "train_time_s": self.train_time, "accuracy": accuracy,
-                "eval_time_s": time.perf_counter() - t0, "sample": replies[:3]}
+                "eval_time_s": time.perf_counter() - t0, "sample": replies[:3],
+                "correct": correct}
       with open(evals_path, "a") as f:
         f.write(json.dumps(record) + "\n")
       print(f"[trl] step {step} train {self.train_time:.0f}s accuracy {accuracy:.3f}",
@@ -187,8 +193,8 @@ def main() -> None:
     train(args)
   else:
     model, tokenizer = load(args.model)
-    accuracy, replies = greedy_accuracy(model, tokenizer, read_jsonl(args.eval))
-    print(json.dumps({"accuracy": accuracy, "sample": replies[:3]}))
+    accuracy, replies, correct = greedy_accuracy(model, tokenizer, read_jsonl(args.eval))
+    print(json.dumps({"accuracy": accuracy, "sample": replies[:3], "correct": correct}))
 
 
 if __name__ == "__main__":

@@ -52,3 +52,27 @@ def test_the_project_side_starts_over_unless_resumed(race, tmp_path):
   race.start_ours(str(tmp_path), resume=False)
   assert not (tmp_path / "ours").exists()
   race.start_ours(str(tmp_path), resume=False)  # nothing there: nothing to do
+
+
+def test_paired_finals_hand_values_and_scipys_mcnemar(race):
+  """Six questions only the project gets right, two only TRL, 70 both, 22 neither."""
+  trl = [1] * 70 + [0] * 6 + [1] * 2 + [0] * 22
+  ours = [1] * 70 + [1] * 6 + [0] * 2 + [0] * 22
+  out = race.paired_finals(trl, ours)
+  assert (out["n"], out["ours_only"], out["trl_only"]) == (100, 6, 2)
+  assert out["difference"] == pytest.approx(0.04)
+  # Differences: six +1, two -1, 92 zeros; sample variance (8 - 100 * 0.04**2) / 99.
+  assert out["paired_se"] == pytest.approx(((8 - 0.16) / 99 / 100) ** 0.5, abs=1e-4)
+  # Exact McNemar: 2 * P(X <= 2), X ~ Binomial(8, 1/2) = 2 * 37 / 256.
+  assert out["mcnemar_p"] == pytest.approx(2 * 37 / 256, abs=1e-4)
+  stats = pytest.importorskip("scipy.stats")
+  assert out["mcnemar_p"] == pytest.approx(stats.binomtest(2, 8, 0.5).pvalue, abs=1e-4)
+  assert out["paired_se"] == pytest.approx(
+      stats.sem([o - t for t, o in zip(trl, ours, strict=True)]), abs=1e-4)
+  # Symmetric, and no discordant question: no difference, p = 1.
+  swapped = race.paired_finals(ours, trl)
+  assert swapped["difference"] == pytest.approx(-0.04) and swapped["mcnemar_p"] == out["mcnemar_p"]
+  same = race.paired_finals(trl, trl)
+  assert same["difference"] == 0 and same["paired_se"] == 0 and same["mcnemar_p"] == 1.0
+  with pytest.raises(ValueError, match="same questions"):
+    race.paired_finals(trl, ours[:-1])
