@@ -107,6 +107,15 @@ after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
 10 min), against 2e-5's .63 .69 in the race above. Neither reaches TRL's final
 (0.68-0.75) by the 5-minute evaluation, which a speedup of 3 would need. Not
 swept: group size, clip settings, rates under 2e-5, updates per rollout.
+
+Two screens of the project's side alone, 12.5 minutes each (2-core Zen 4
+EPYC, 2026-11-28, cold cache), against this config's race of the same day
+(.61 .65 .68 .66 .75 at 2.5-minute marks, 79 steps): the tied groups left out
+of the update (`drop_tied_groups=True`: the token mean over the varied groups
+only, as DAPO's batch holds them) 0.26 .58 .60 .62 .63 .66 in 55 steps, its
+rollouts 5.8 s (median after step 15) against 2.3 s, as some replies kept
+running long; sampling temperature 0.6 0.26 .55 .63 .68 .69 .76 in 79 steps.
+Neither is outside the 5-point noise of one run, so neither is taken.
 """
 
 import ml_collections
