@@ -99,7 +99,11 @@ config with seed 1, stopped after 12.5 minutes: 0.26 .53 .64 .74 .65 .70
 again with this config as it is (no overrides), the same day and kind of
 machine: 0.26 .61 .65 .68 .66 .75 .74 .77 .81 .79 .78 .79 .79 in 251 steps,
 TRL 0.26 .27 .39 .56 .60 .61 .64 .64 .66 .68 .70 .72 .78 in 158 (TRL's final
-0.78 first reached at 20.02 minutes, speedup 1.50; final +1).
+0.78 first reached at 20.02 minutes, speedup 1.50; final +1). A third
+race, the same day: 0.26 .57 .64 .70 .74 .77 .74 .72 .74 .74 .77 .78 .81 in
+247 steps, TRL 0.26 .27 .39 .56 .62 .62 .66 .65 .66 .70 .70 .76 .75 in 163
+(speedup 2.40, final +6; paired on the 100 questions, 10 answered by the
+project alone and 4 by TRL alone, paired standard error 3.7 points).
 
 Higher peak rates, this config otherwise, the project's side alone, stopped
 after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
