@@ -94,9 +94,10 @@ class GRPOSettings:
     pack_width: the reply columns a packed batch is padded to (the sampling budget; 0:
       its trimmed width). A packed program costs what its slots cost, so at one width
       one program per slot count serves every trimmed width the rollouts move through.
-    drop_tied_groups: the update leaves out the groups whose advantages are all zero
-      (`without_tied_groups`): no gradient is lost, the token mean is over the
-      groups that teach, and a packed update pays for their replies only.
+    drop_tied_groups: the update leaves out the kept groups whose rewards tie
+      (`without_tied_groups`): the token mean is over the groups that vary, and a
+      packed update pays for their replies only (a KL or entropy term loses the
+      tied rows' share).
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
@@ -308,18 +309,20 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
     keys = None if r.turn_keys is None else jnp.asarray(np.asarray(r.turn_keys)[rows])
     advantages = turn_advantages(s, traj, advantages, keys)
   if s.drop_tied_groups:
-    traj = without_tied_groups(traj, advantages, g)
+    traj = without_tied_groups(traj, totals[kept], g)
   return traj, advantages, np.asarray(r.correct, np.float32)[rows]
 
 
-def without_tied_groups(traj: types.Trajectory, advantages: jax.Array, group_size: int
+def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size: int
                         ) -> types.Trajectory:
-  """`traj` with no policy tokens in the groups whose advantages are all zero.
+  """`traj` with no policy tokens in the groups whose rewards tie.
 
-  Such a group (its rewards tie) adds nothing to the policy gradient, but its
+  Ties are read from the rewards by `kept_groups`' rule, not from the
+  advantages: an estimator's float rounding can leave a tied group a small
+  nonzero advantage. Such a group adds no policy gradient, but its
   tokens count in a token mean's denominator: with 1 group of 4 that varies,
   the update moves the policy a quarter as far as with 4, so the step size
-  falls just when the signal is scarce. Unmasked, those rows also cost a
+  falls just when the signal is scarce. Masked out, those rows also cost a
   packed update nothing. DAPO's dynamic sampling trains on varied groups only
   in the same way (it resamples to fill the batch; here the batch's shape stays
   fixed and the tied rows are masked). The rows stay in the batch, so shapes do
@@ -328,10 +331,12 @@ def without_tied_groups(traj: types.Trajectory, advantages: jax.Array, group_siz
 
   Args:
     traj: B = groups x `group_size` rows.
-    advantages: f32[B] or token-level f32[B, T].
+    rewards: f32[groups, group_size] the groups' total rewards.
   """
-  per_group = np.asarray(advantages).reshape(traj.tokens.shape[0] // group_size, -1)
-  varied = np.repeat(np.any(per_group != 0, axis=1), group_size)
+  if rewards.shape != (traj.tokens.shape[0] // group_size, group_size):
+    raise ValueError(f"rewards {rewards.shape} are not one row of {group_size} per group of "
+                     f"the {traj.tokens.shape[0]} trajectory rows")
+  varied = np.repeat(rewards.std(axis=1) != 0, group_size)
   return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
 
 
@@ -615,6 +620,10 @@ def validate(config) -> None:
                      f"rewards ({group}) or over f32[P, G, M] reward components ({component}); "
                      f"token-level estimators such as GAE are PPO's")
   settings = settings_from_config(config)  # names, per-loss hyperparameters, controllers
+  if settings.drop_tied_groups and settings.turn_credit != "episode":
+    raise ValueError(f"drop_tied_groups masks groups whose total rewards tie, but turn_credit "
+                     f"{settings.turn_credit!r} can give such a group's turns advantages: use "
+                     "turn_credit 'episode'")
   kind = "component_advantage" if settings.component_advantage else "group_advantage"
   accepted = ({"decay"} if config.advantage == ROLE_ADVANTAGE else
               set(inspect.signature(registry.get(kind, config.advantage)).parameters))
@@ -646,6 +655,9 @@ def _validate_role_advantage(config) -> None:
     raise ValueError(f"advantage {ROLE_ADVANTAGE!r} gives each side's moves its return less the "
                      f"side's baseline; turn_credit {tc.name!r} is not defined for it: use "
                      "'episode'")
+  if config.get("drop_tied_groups", False):
+    raise ValueError(f"drop_tied_groups reads group rewards; advantage {ROLE_ADVANTAGE!r} has "
+                     "no groups: set drop_tied_groups=False")
   decay = dict(config.advantage_kwargs).get("decay", 0.95)
   if not 0 <= decay < 1:
     raise ValueError(f"advantage_kwargs.decay must be in [0, 1), got {decay}")

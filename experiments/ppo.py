@@ -245,6 +245,9 @@ def validate(config) -> None:
   if config.get("oversample", 1) != 1:
     raise ValueError("config.oversample filters GRPO's groups by reward variance; PPO trains "
                      "on every sample (its critic is the baseline): set oversample=1")
+  if config.get("drop_tied_groups", False):
+    raise ValueError("config.drop_tied_groups masks GRPO's groups whose rewards tie; PPO has no "
+                     "groups (its critic is the baseline): set drop_tied_groups=False")
   level = config.get("gae_level", "token")
   if level not in GAE_LEVELS:
     raise ValueError(f"gae_level must be one of {GAE_LEVELS}, got {level!r}")

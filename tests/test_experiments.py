@@ -14,7 +14,12 @@ import numpy as np
 import pytest
 
 from experiments import grpo, ppo
-from experiments.configs import grpo_arithmetic, ppo_arithmetic
+from experiments.configs import (
+  grpo_arithmetic,
+  grpo_frozen_lake,
+  grpo_tic_tac_toe_self_play,
+  ppo_arithmetic,
+)
 from jaxrl_agents import checkpointing, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import zoo
@@ -256,6 +261,26 @@ def test_tied_groups_leave_the_update_and_its_token_mean():
   for a, c in zip(jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True]), strict=True):
     np.testing.assert_allclose(c, scale * np.asarray(a), rtol=2e-3, atol=1e-7)
   assert max(float(np.abs(a).max()) for a in jax.tree.leaves(grads[True])) > 0
+  # Ties come from the rewards: eight rewards of 1.2 tie, whatever an estimator's rounding
+  # leaves of their advantages.
+  tied_rewards = np.full((config.prompts_per_step, g), 1.2, np.float32)
+  tied_rewards[0, 0] = 0.2
+  masked = np.asarray(grpo.without_tied_groups(traj, tied_rewards, g).policy_mask)
+  assert masked[:g].any() and not masked[g:].any()
+  with pytest.raises(ValueError, match="one row of"):
+    grpo.without_tied_groups(traj, tied_rewards[:, :-1], g)
+  turn = grpo_frozen_lake.get_config("tiny")
+  turn.turn_credit.name = "turn"
+  grpo.validate(turn)  # valid as it is
+  for bad, message in ((turn, "turn_credit 'episode'"),
+                       (grpo_tic_tac_toe_self_play.get_config("tiny"), "has no groups")):
+    bad.drop_tied_groups = True
+    with pytest.raises(ValueError, match=message):
+      grpo.validate(bad)
+  bad = ppo_arithmetic.get_config("tiny")
+  bad.drop_tied_groups = True
+  with pytest.raises(ValueError, match="drop_tied_groups"):
+    ppo.validate(bad)
 
 
 def _cli(workdir, *flags, **popen):
