@@ -22,6 +22,23 @@ from jaxrl_agents import registry
 from jaxrl_agents.losses._checks import check_rank, check_same_shape
 
 
+def no_spread(x: jax.Array, axis=None, mask: jax.Array | None = None) -> jax.Array:
+  """True where the entries (where `mask` holds) along `axis` are all equal (keepdims).
+
+  `x - x.mean()` is not exactly 0 for such entries when their value is not
+  representable in float32 (eight rewards of 0.2 have a mean that rounds away
+  from 0.2), and dividing by `std + eps` with std ~ 0 blows the rounding up:
+  eight 0.2 rewards gave GRPO advantages of -0.0147 each, a push on every reply
+  of a group that carries no signal. The estimators use this to return exact
+  zeros for such a group (or batch). False where no entry is in the mask.
+  """
+  if mask is None:
+    return x.max(axis=axis, keepdims=True) == x.min(axis=axis, keepdims=True)
+  hi = jnp.where(mask, x, -jnp.inf).max(axis=axis, keepdims=True)
+  lo = jnp.where(mask, x, jnp.inf).min(axis=axis, keepdims=True)
+  return hi == lo
+
+
 def _check_groups(rewards: jax.Array, name: str = "rewards", min_group: int = 1) -> None:
   check_rank(name, rewards, 2)
   if rewards.shape[1] < min_group:
@@ -38,7 +55,8 @@ def group_normalized_advantages(
 
   "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
   Models". The standard deviation is the unbiased one (ddof=1) as in verl and
-  TRL. A group whose rewards are all equal gets zero advantage.
+  TRL. A group whose rewards are all equal gets exactly zero advantage (not
+  the rounding of its mean over eps; see `no_spread`).
 
   Args:
     rewards: f32[P, G], G >= 2.
@@ -51,6 +69,7 @@ def group_normalized_advantages(
   """
   _check_groups(rewards, min_group=2)
   centred = rewards - rewards.mean(axis=1, keepdims=True)
+  centred = jnp.where(no_spread(rewards, axis=1), 0.0, centred)
   if not std_normalize:
     return centred
   return centred / (rewards.std(axis=1, ddof=ddof, keepdims=True) + eps)
@@ -91,7 +110,7 @@ def rloo_advantages(rewards: jax.Array) -> jax.Array:
   _check_groups(rewards, min_group=2)
   g = rewards.shape[1]
   loo_mean = (rewards.sum(axis=1, keepdims=True) - rewards) / (g - 1)
-  return rewards - loo_mean
+  return jnp.where(no_spread(rewards, axis=1), 0.0, rewards - loo_mean)
 
 
 def standardize(x: jax.Array, mask: jax.Array | None = None, eps: float = 1e-6) -> jax.Array:
@@ -101,14 +120,17 @@ def standardize(x: jax.Array, mask: jax.Array | None = None, eps: float = 1e-6) 
   token advantages): population statistics (ddof = 0). Entries outside the
   mask are standardized with the same statistics; callers zero them if needed.
   Group estimators normalize within groups instead (`group_normalized_advantages`).
+  Entries (in the mask) that are all equal give exactly 0 (`no_spread`).
   """
   if mask is None:
-    return (x - x.mean()) / (x.std() + eps)
+    centred = jnp.where(no_spread(x), 0.0, x - x.mean())
+    return centred / (x.std() + eps)
   m = mask.astype(x.dtype)
   n = jnp.maximum(m.sum(), 1.0)
   mean = (x * m).sum() / n
   std = jnp.sqrt((jnp.square(x - mean) * m).sum() / n)
-  return (x - mean) / (std + eps)
+  centred = jnp.where(no_spread(x, mask=mask) & mask, 0.0, x - mean)
+  return centred / (std + eps)
 
 
 @registry.register("group_advantage", "reinforce_pp")

@@ -56,7 +56,7 @@ def _masked_standardize(
   mf = m.astype(x.dtype)
   n = jnp.maximum(mf.sum(axis=axis, keepdims=True), 1.0)
   mean = jnp.where(m, x, 0.0).sum(axis=axis, keepdims=True) / n
-  centred = jnp.where(m, x - mean, 0.0)
+  centred = jnp.where(m & ~advantages_lib.no_spread(x, axis, m), x - mean, 0.0)
   if not std_normalize:
     return centred
   std = jnp.sqrt((centred**2).sum(axis=axis, keepdims=True) / n)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_agents import advantages as adv
-from jaxrl_agents import registry
+from jaxrl_agents import credit, registry
 
 R = jnp.array([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 
@@ -33,6 +33,35 @@ def test_group_advantages_sum_to_zero_and_vanish_on_ties():
     np.testing.assert_allclose(a.sum(1), 0.0, atol=1e-5)
     ties = registry.get("group_advantage", name)(jnp.full((3, 4), 0.7))
     np.testing.assert_array_equal(ties, 0.0)
+
+
+def test_tied_groups_get_exact_zeros_when_the_reward_is_not_representable():
+  # 0.2 and 1.2 are the race's short-wrong and short-correct rewards. In float32 the mean of
+  # eight 0.2s is not 0.2, and (r - mean) / (std + eps) with std ~ 0 made that rounding an
+  # advantage of about -0.0147 per reply; the same sum done as the estimators once did it:
+  eight = jnp.full((1, 8), 0.2, jnp.float32)
+  naive = (eight - eight.mean(1, keepdims=True)) / (eight.std(1, ddof=1, keepdims=True) + 1e-6)
+  assert float(jnp.abs(naive).max()) > 1e-3  # so the checks below can fail
+  for value in (0.2, 1.2, 0.1, 0.3, 1e-3, -0.7):
+    tied = jnp.full((2, 8), value, jnp.float32)
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
+      np.testing.assert_array_equal(registry.get("group_advantage", name)(tied), 0.0,
+                                    err_msg=f"{name} at {value}")
+    np.testing.assert_array_equal(adv.gdpo_advantages(tied[..., None], jnp.ones(1)), 0.0)
+    np.testing.assert_array_equal(adv.standardize(tied), 0.0)
+    masked = jnp.concatenate([tied, jnp.full((2, 1), 5.0)], axis=1)
+    keep = jnp.arange(9)[None, :].repeat(2, 0) < 8
+    np.testing.assert_array_equal(adv.standardize(masked, keep)[:, :8], 0.0)
+    turns = jnp.full((8, 3), value, jnp.float32)
+    for scope in ("batch", "group"):
+      np.testing.assert_array_equal(
+          credit.normalize_turn_rewards(turns, scope=scope, group_size=4), 0.0)
+  # A tied group beside one with spread: the tied one is 0, the other is untouched.
+  mixed = jnp.array([[1.2] * 7 + [0.2], [0.2] * 8])
+  a = adv.group_normalized_advantages(mixed, eps=0.0)
+  np.testing.assert_array_equal(a[1], 0.0)
+  s = np.sqrt(1 / 8)  # unbiased std of seven 1s and one 0 is sqrt(1/8); mean 7/8
+  np.testing.assert_allclose(a[0], np.array([1 / 8] * 7 + [-7 / 8]) / s, rtol=1e-5)
 
 
 def test_dr_grpo_is_grpo_without_std():
