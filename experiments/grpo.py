@@ -453,9 +453,11 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
                                          n_steps=batch.advantages.shape[0],
                                          accuracy=jnp.mean(batch.correct))
     # A step whose updates were all skipped (non-finite) moves neither the policy
-    # nor the coefficient: a NaN KL must not poison beta for the rest of the run.
-    ok = jnp.isfinite(metrics["kl"]) & (state.updates > updates_before) & \
-        jnp.isfinite(moved.beta)
+    # nor the coefficient: a NaN KL must not poison beta for the rest of the run. Nor
+    # does a step that measured no KL (no policy token: every group tied and dropped)
+    # move the adaptive controller, which reads the KL; the accuracy one does not.
+    kl_read = jnp.isfinite(metrics["kl"]) if s.kl_controller == "adaptive" else True
+    ok = kl_read & (state.updates > updates_before) & jnp.isfinite(moved.beta)
     state = state._replace(kl_ctl=jax.tree.map(lambda new, old: jnp.where(ok, new, old),
                                                moved, state.kl_ctl))
   return state, metrics

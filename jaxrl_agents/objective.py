@@ -190,7 +190,8 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
       update's policy (old_logp) is from it, and `hp.off_policy_correction` weights by it.
 
   Returns:
-    (scalar loss, metrics: the loss's, kl, entropy, loss, and the token control's).
+    (scalar loss, metrics: the loss's, kl, entropy, loss, and the token control's; all
+    but loss and kl_coef are NaN where `mask` holds no token).
   """
   metrics = {}
   loss_mask = mask
@@ -222,5 +223,12 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
                                          normalizer=hp.normalizer)
     loss = loss - hp.entropy_coef * bonus
   metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
+  # A batch without policy tokens (every group tied and dropped) measured nothing: its
+  # token statistics are NaN, not 0, so a step's NaN-aware mean over minibatches skips
+  # them and a KL controller is not told the KL was 0. The loss stays 0 (a finite, zero
+  # gradient), so the update is not counted as a non-finite one.
+  measured = jnp.any(mask)
+  metrics = {k: v if k == "kl_coef" else jnp.where(measured, v, jnp.nan)
+             for k, v in metrics.items()}
   metrics["loss"] = loss
   return loss, metrics

@@ -13,6 +13,7 @@ from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
 from jaxrl_agents import advantages, checkpointing, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import zoo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,6 +238,70 @@ def test_skipped_steps_leave_the_kl_coefficient_alone(tmp_path):
            if r["kind"] == "train"]
   assert len(train) == 3
   assert [r["kl_coef"] for r in train] == pytest.approx([0.1, 0.1, 0.1])
+
+
+def _tied_rollout(config, rewards):
+  """A rollout of the tiny config's shape whose rewards (and accuracy) are `rewards`."""
+  b, n = config.prompts_per_step * config.group_size, 6
+  lengths = np.arange(b) % n + 1
+  traj = types.with_outcome(types.single_turn(
+      jnp.ones((b, 4), jnp.int32), jnp.ones((b, 4), bool),
+      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
+      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
+  return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+                         completions=[""] * b, rewards=rewards,
+                         components={"reward": rewards}, correct=rewards)
+
+
+@pytest.mark.parametrize("controller", ["adaptive", "accuracy"])
+def test_a_step_without_policy_tokens_measures_nothing(controller):
+  """drop_tied_groups on a step whose groups all tie: no policy token is left, so the
+  step's token statistics are NaN (not a KL of 0 that an adaptive controller would act
+  on), the loss is a finite 0, and only the accuracy controller moves beta."""
+  config = _tiny(kl_coef=0.2, drop_tied_groups=True, minibatches=3,
+                 **{"kl_controller.name": controller, "kl_controller.target": 1e-6,
+                    "kl_controller.horizon": 12.0, "kl_controller.beta_min": 0.05})
+  model = zoo.load("tiny")
+  algorithm = grpo.GRPO(config, model.cfg)
+  b = config.prompts_per_step * config.group_size
+  results = {}
+  for name, rewards in (("tied", np.ones(b, np.float32)),
+                        ("one group varies", (np.arange(b) < 2).astype(np.float32))):
+    # A copy each time: the update donates the state, parameters and all.
+    state = algorithm.init_state(jax.tree.map(jnp.copy, model.params), jax.random.key(0))
+    batch = algorithm.prepare(state, _tied_rollout(config, rewards), jax.random.key(1))
+    before = float(state.kl_ctl.beta)  # read first: the update donates the state
+    after, metrics = algorithm.update(state, batch, jax.random.key(2), 0.5)
+    results[name] = (before, float(after.kl_ctl.beta), metrics)
+  before, after, metrics = results["tied"]
+  assert np.isfinite(metrics["loss"]) and metrics["loss"] == 0.0
+  assert np.isnan(metrics["kl"]) and np.isnan(metrics["entropy"])
+  if controller == "adaptive":
+    assert after == before == pytest.approx(0.2)
+  else:  # accuracy 1: beta_max
+    assert before == pytest.approx(0.05) and after == pytest.approx(0.2)
+  # One varied group in the first of three minibatches: the two empty minibatches are
+  # skipped by the step's mean, so the logged figures are the varied one's, and finite.
+  _, after, metrics = results["one group varies"]
+  assert np.isfinite(metrics["kl"]) and np.isfinite(metrics["entropy"])
+  assert metrics["entropy"] > 0
+  if controller == "adaptive":  # on-policy, one update per minibatch: a KL below target
+    assert after < 0.2
+
+
+def test_the_objective_of_an_empty_mask_is_a_finite_zero_with_nan_statistics():
+  hp = grpo.settings_from_config(_tiny(kl_coef=0.1)).objective
+  logp = -jnp.arange(1.0, 7.0).reshape(2, 3) / 4
+  entropy = jnp.full((2, 3), 0.5)
+  for mask, measured in ((jnp.zeros((2, 3), bool), False), (jnp.eye(2, 3, dtype=bool), True)):
+    loss, metrics = objective_lib.policy_objective(
+        hp, logp, entropy, logp + 0.1, jnp.array([1.0, -1.0]), mask, beta=0.1,
+        ref_logp=logp - 0.2)
+    assert np.isfinite(loss) and (measured or loss == 0.0)
+    for key in ("kl", "entropy"):
+      assert np.isfinite(metrics[key]) == measured, key
+    assert metrics["kl_coef"] == pytest.approx(0.1)
+  assert metrics["entropy"] == pytest.approx(0.5)
 
 
 def test_config_mistakes_are_named_before_anything_loads():
