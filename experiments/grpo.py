@@ -156,6 +156,8 @@ KL_CONTROLLERS = {
                  kl_control.accuracy_conditioned_kl_controller(beta_min, kl_coef, shape),
                  ("beta_min", "shape")),
 }
+# The controllers whose update reads the observed KL (a step that measured none leaves them).
+READS_KL = frozenset({"adaptive"})
 
 
 # How the advantage of a multi-turn episode reaches its tokens (config.turn_credit.name):
@@ -271,7 +273,7 @@ def kept_groups(rewards: np.ndarray, keep: int) -> np.ndarray:
     raise ValueError(f"cannot keep {keep} groups of {groups} sampled")
   if keep == groups:
     return np.arange(groups)
-  tied = rewards.std(axis=1) == 0
+  tied = rl_loop.tied_groups(rewards)
   return np.sort(np.argsort(tied, kind="stable")[:keep])
 
 
@@ -317,9 +319,9 @@ def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size:
                         ) -> types.Trajectory:
   """`traj` with no policy tokens in the groups whose rewards tie.
 
-  Ties are read from the rewards by `kept_groups`' rule, not from the
-  advantages: an estimator's float rounding can leave a tied group a small
-  nonzero advantage. Such a group adds no policy gradient, but its
+  Ties are read from the rewards (`rl_loop.tied_groups`, the rule `kept_groups`
+  and the estimators use: all rewards equal). Such a group adds no policy
+  gradient (its advantages are exactly 0), but its
   tokens count in a token mean's denominator: with 1 group of 4 that varies,
   the update moves the policy a quarter as far as with 4, so the step size
   falls just when the signal is scarce. Masked out, those rows also cost a
@@ -336,7 +338,7 @@ def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size:
   if rewards.shape != (traj.tokens.shape[0] // group_size, group_size):
     raise ValueError(f"rewards {rewards.shape} are not one row of {group_size} per group of "
                      f"the {traj.tokens.shape[0]} trajectory rows")
-  varied = np.repeat(rewards.std(axis=1) != 0, group_size)
+  varied = np.repeat(~rl_loop.tied_groups(rewards), group_size)
   return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
 
 
@@ -456,7 +458,7 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
     # nor the coefficient: a NaN KL must not poison beta for the rest of the run. Nor
     # does a step that measured no KL (no policy token: every group tied and dropped)
     # move the adaptive controller, which reads the KL; the accuracy one does not.
-    kl_read = jnp.isfinite(metrics["kl"]) if s.kl_controller == "adaptive" else True
+    kl_read = jnp.isfinite(metrics["kl"]) if s.kl_controller in READS_KL else True
     ok = kl_read & (state.updates > updates_before) & jnp.isfinite(moved.beta)
     state = state._replace(kl_ctl=jax.tree.map(lambda new, old: jnp.where(ok, new, old),
                                                moved, state.kl_ctl))

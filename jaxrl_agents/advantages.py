@@ -23,20 +23,31 @@ from jaxrl_agents.losses._checks import check_rank, check_same_shape
 
 
 def no_spread(x: jax.Array, axis=None, mask: jax.Array | None = None) -> jax.Array:
-  """True where the entries (where `mask` holds) along `axis` are all equal (keepdims).
+  """True where the entries (where `mask` holds) along `axis` are all equal and finite
+  (keepdims).
 
   `x - x.mean()` is not exactly 0 for such entries when their value is not
   representable in float32 (eight rewards of 0.2 have a mean that rounds away
   from 0.2), and dividing by `std + eps` with std ~ 0 blows the rounding up:
   eight 0.2 rewards gave GRPO advantages of -0.0147 each, a push on every reply
   of a group that carries no signal. The estimators use this to return exact
-  zeros for such a group (or batch). False where no entry is in the mask.
+  zeros for such a group (or batch), also with eps = 0 (where an exact tie would
+  divide 0 by 0). False where no entry is in the mask, and for infinite values
+  (they stay non-finite, for the run's checks to see).
   """
   if mask is None:
-    return x.max(axis=axis, keepdims=True) == x.min(axis=axis, keepdims=True)
-  hi = jnp.where(mask, x, -jnp.inf).max(axis=axis, keepdims=True)
-  lo = jnp.where(mask, x, jnp.inf).min(axis=axis, keepdims=True)
-  return hi == lo
+    hi, lo = x.max(axis=axis, keepdims=True), x.min(axis=axis, keepdims=True)
+  else:
+    mask = jnp.asarray(mask).astype(bool)
+    hi = jnp.where(mask, x, -jnp.inf).max(axis=axis, keepdims=True)
+    lo = jnp.where(mask, x, jnp.inf).min(axis=axis, keepdims=True)
+  return (hi == lo) & jnp.isfinite(hi)
+
+
+def group_centred(rewards: jax.Array) -> jax.Array:
+  """r_i - mean_g r over axis 1, exactly 0 for a group without spread (`no_spread`)."""
+  centred = rewards - rewards.mean(axis=1, keepdims=True)
+  return jnp.where(no_spread(rewards, axis=1), 0.0, centred)
 
 
 def _check_groups(rewards: jax.Array, name: str = "rewards", min_group: int = 1) -> None:
@@ -68,11 +79,11 @@ def group_normalized_advantages(
     f32[P, G]; each row sums to zero.
   """
   _check_groups(rewards, min_group=2)
-  centred = rewards - rewards.mean(axis=1, keepdims=True)
-  centred = jnp.where(no_spread(rewards, axis=1), 0.0, centred)
+  centred = group_centred(rewards)
   if not std_normalize:
     return centred
-  return centred / (rewards.std(axis=1, ddof=ddof, keepdims=True) + eps)
+  scaled = centred / (rewards.std(axis=1, ddof=ddof, keepdims=True) + eps)
+  return jnp.where(no_spread(rewards, axis=1), 0.0, scaled)  # eps = 0: not 0 / 0
 
 
 @registry.register("group_advantage", "dr_grpo")
@@ -123,14 +134,13 @@ def standardize(x: jax.Array, mask: jax.Array | None = None, eps: float = 1e-6) 
   Entries (in the mask) that are all equal give exactly 0 (`no_spread`).
   """
   if mask is None:
-    centred = jnp.where(no_spread(x), 0.0, x - x.mean())
-    return centred / (x.std() + eps)
+    return jnp.where(no_spread(x), 0.0, (x - x.mean()) / (x.std() + eps))
+  mask = jnp.asarray(mask).astype(bool)
   m = mask.astype(x.dtype)
   n = jnp.maximum(m.sum(), 1.0)
   mean = (x * m).sum() / n
   std = jnp.sqrt((jnp.square(x - mean) * m).sum() / n)
-  centred = jnp.where(no_spread(x, mask=mask) & mask, 0.0, x - mean)
-  return centred / (std + eps)
+  return jnp.where(no_spread(x, mask=mask) & mask, 0.0, (x - mean) / (std + eps))
 
 
 @registry.register("group_advantage", "reinforce_pp")
@@ -155,7 +165,7 @@ def reinforce_pp_advantages(
     f32[P, G] with batch mean 0 and (population) std ~1.
   """
   _check_groups(rewards, min_group=2 if group_baseline else 1)
-  a = rewards - rewards.mean(axis=1, keepdims=True) if group_baseline else rewards
+  a = group_centred(rewards) if group_baseline else rewards
   return standardize(a, eps=eps)
 
 

@@ -56,11 +56,12 @@ def _masked_standardize(
   mf = m.astype(x.dtype)
   n = jnp.maximum(mf.sum(axis=axis, keepdims=True), 1.0)
   mean = jnp.where(m, x, 0.0).sum(axis=axis, keepdims=True) / n
-  centred = jnp.where(m & ~advantages_lib.no_spread(x, axis, m), x - mean, 0.0)
+  tied = advantages_lib.no_spread(x, axis, m)
+  centred = jnp.where(m & ~tied, x - mean, 0.0)
   if not std_normalize:
     return centred
   std = jnp.sqrt((centred**2).sum(axis=axis, keepdims=True) / n)
-  return centred / (std + eps)
+  return jnp.where(tied, 0.0, centred / (std + eps))  # an exact tie with eps = 0: not 0 / 0
 
 
 def normalize_turn_rewards(
@@ -263,7 +264,12 @@ def step_group_advantages(
   w = same.astype(r.dtype)
   count = jnp.maximum(w.sum(-1), 1.0)
   mean = (w * r[:, None, :]).sum(-1) / count
-  centred = jnp.where(ok, r - mean, 0.0)
+  # A step group whose returns all tie: exactly 0 (the float32 rounding of its mean over
+  # std + eps is not; see advantages.no_spread).
+  hi = jnp.where(same, r[:, None, :], -jnp.inf).max(-1)
+  lo = jnp.where(same, r[:, None, :], jnp.inf).min(-1)
+  tied = (hi == lo) & jnp.isfinite(hi)
+  centred = jnp.where(ok & ~tied, r - mean, 0.0)
   if std_normalize:
     var = (w * (r[:, None, :] - mean[:, :, None]) ** 2).sum(-1) / count
     scale = jnp.sqrt(var) + eps

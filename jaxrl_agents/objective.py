@@ -167,6 +167,10 @@ def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
   return mask, {}
 
 
+# Metrics that have a value on a batch without policy tokens (besides counts, num_*).
+_MEASURED_WITHOUT_TOKENS = ("kl_coef", "pg_loss", "loss")
+
+
 def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
                      old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                      beta: jax.Array | float = 0.0, ref_logp: jax.Array | None = None,
@@ -190,8 +194,8 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
       update's policy (old_logp) is from it, and `hp.off_policy_correction` weights by it.
 
   Returns:
-    (scalar loss, metrics: the loss's, kl, entropy, loss, and the token control's; all
-    but loss and kl_coef are NaN where `mask` holds no token).
+    (scalar loss, metrics: the loss's, kl, entropy, loss, and the token control's; the
+    per-token statistics are NaN where `mask` holds no token).
   """
   metrics = {}
   loss_mask = mask
@@ -224,11 +228,13 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
     loss = loss - hp.entropy_coef * bonus
   metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
   # A batch without policy tokens (every group tied and dropped) measured nothing: its
-  # token statistics are NaN, not 0, so a step's NaN-aware mean over minibatches skips
-  # them and a KL controller is not told the KL was 0. The loss stays 0 (a finite, zero
-  # gradient), so the update is not counted as a non-finite one.
+  # per-token statistics are NaN, not 0, so a step's NaN-aware mean over minibatches
+  # skips them and a KL controller is not told the KL was 0. Counts (num_*), the
+  # coefficient and the losses keep their values: a count of 0 is measured, and the
+  # loss stays a finite 0 (a zero gradient, not a skipped update; AdamW still applies
+  # its momentum, and the schedule advances, as on any step).
   measured = jnp.any(mask)
-  metrics = {k: v if k == "kl_coef" else jnp.where(measured, v, jnp.nan)
-             for k, v in metrics.items()}
+  metrics = {k: v if k in _MEASURED_WITHOUT_TOKENS or k.startswith("num_")
+             else jnp.where(measured, v, jnp.nan) for k, v in metrics.items()}
   metrics["loss"] = loss
   return loss, metrics

@@ -130,6 +130,16 @@ def par_shaped(r: Rollout, reference_rewards: np.ndarray, group_size: int) -> Ro
                              components={**r.components, "unshaped": r.rewards})
 
 
+def tied_groups(rewards: np.ndarray) -> np.ndarray:
+  """bool[P]: the groups (rows of `rewards` f32[P, G]) whose rewards are all equal.
+
+  Max == min, not std == 0: numpy's float32 std of seven rewards of 0.2 is 1.5e-8.
+  The advantage estimators give such a group exactly 0 (`advantages.no_spread`).
+  """
+  rewards = np.asarray(rewards)
+  return rewards.max(axis=1) == rewards.min(axis=1)
+
+
 def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[str, float]:
   """Reward, accuracy and length statistics of a rollout batch."""
   lengths = distributed.to_host(r.traj.policy_mask).sum(-1)
@@ -147,7 +157,7 @@ def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[st
   if group_size > 1 and r.roles is None:  # (self-play's rows are sides, not groups)
     # Groups whose rewards all tie give zero group-relative advantage: no signal.
     grouped = r.rewards.reshape(-1, group_size)
-    out["zero_variance_groups"] = float((grouped.std(axis=1) == 0).mean())
+    out["zero_variance_groups"] = float(tied_groups(grouped).mean())
   for name, values in r.components.items():
     out[f"reward/{name}_mean"] = float(values.mean())
     out[f"reward/{name}_std"] = float(values.std())

@@ -1,12 +1,14 @@
 """Advantage estimators: hand-computed values, identities, jit/vmap, shape errors."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_agents import advantages as adv
-from jaxrl_agents import credit, registry
+from jaxrl_agents import credit, registry, rl_loop
 
 R = jnp.array([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 
@@ -39,23 +41,44 @@ def test_tied_groups_get_exact_zeros_when_the_reward_is_not_representable():
   # 0.2 and 1.2 are the race's short-wrong and short-correct rewards. In float32 the mean of
   # eight 0.2s is not 0.2, and (r - mean) / (std + eps) with std ~ 0 made that rounding an
   # advantage of about -0.0147 per reply; the same sum done as the estimators once did it:
-  eight = jnp.full((1, 8), 0.2, jnp.float32)
-  naive = (eight - eight.mean(1, keepdims=True)) / (eight.std(1, ddof=1, keepdims=True) + 1e-6)
-  assert float(jnp.abs(naive).max()) > 1e-3  # so the checks below can fail
-  for value in (0.2, 1.2, 0.1, 0.3, 1e-3, -0.7):
-    tied = jnp.full((2, 8), value, jnp.float32)
+  # (Which sizes and values round depends on the summation order; on this CPU some do.)
+  naive = [(r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-6)
+           for g in (6, 7, 8) for v in (0.2, 1.2) for r in [jnp.full((1, g), v, jnp.float32)]]
+  assert max(float(jnp.abs(a).max()) for a in naive) > 1e-3  # so the checks below can fail
+  for value, g in itertools.product((0.2, 1.2, 0.1, 0.3, 1e-3, -0.7, 1.0), (7, 8)):
+    tied = jnp.full((2, g), value, jnp.float32)
     for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
       np.testing.assert_array_equal(registry.get("group_advantage", name)(tied), 0.0,
                                     err_msg=f"{name} at {value}")
+    # eps = 0: an exact tie (1.0) is 0, not 0 / 0.
+    np.testing.assert_array_equal(adv.group_normalized_advantages(tied, eps=0.0), 0.0)
     np.testing.assert_array_equal(adv.gdpo_advantages(tied[..., None], jnp.ones(1)), 0.0)
-    np.testing.assert_array_equal(adv.standardize(tied), 0.0)
+    np.testing.assert_array_equal(adv.standardize(tied, eps=0.0), 0.0)
     masked = jnp.concatenate([tied, jnp.full((2, 1), 5.0)], axis=1)
-    keep = jnp.arange(9)[None, :].repeat(2, 0) < 8
-    np.testing.assert_array_equal(adv.standardize(masked, keep)[:, :8], 0.0)
-    turns = jnp.full((8, 3), value, jnp.float32)
+    keep = jnp.arange(g + 1)[None, :].repeat(2, 0) < g
+    for m in (keep, keep.astype(jnp.float32)):  # a float mask works as a bool one
+      np.testing.assert_array_equal(adv.standardize(masked, m)[:, :g], 0.0)
+    turns = jnp.full((2 * g, 3), value, jnp.float32)
     for scope in ("batch", "group"):
       np.testing.assert_array_equal(
-          credit.normalize_turn_rewards(turns, scope=scope, group_size=4), 0.0)
+          credit.normalize_turn_rewards(turns, scope=scope, group_size=g, eps=0.0), 0.0)
+    # GiGPO: every turn from the same state, equal returns.
+    np.testing.assert_array_equal(credit.step_group_advantages(
+        turns, jnp.zeros(turns.shape, jnp.int32), group_size=g), 0.0)
+  # Every group tied, at different values: the group baseline leaves exact zeros, so the
+  # batch whitening of REINFORCE++ has nothing to blow up.
+  two = jnp.array([[1.2] * 8, [0.2] * 8], jnp.float32)
+  np.testing.assert_array_equal(adv.reinforce_pp_baseline_advantages(two), 0.0)
+  # Infinite rewards are not a tie: they stay non-finite for the run's checks.
+  inf = jnp.full((1, 8), jnp.inf)
+  for name in ("grpo", "dr_grpo", "rloo"):
+    assert not np.isfinite(registry.get("group_advantage", name)(inf)).all(), name
+  # Tie detection on the host (oversampling, drop_tied_groups, zero_variance_groups) is the
+  # same rule: numpy's std of seven 0.2s is not 0, max == min is.
+  seven = np.full((2, 7), 0.2, np.float32)
+  seven[1, 0] = 1.2
+  assert seven[0].std() != 0  # the rule it replaced would miss this tie
+  np.testing.assert_array_equal(rl_loop.tied_groups(seven), [True, False])
   # A tied group beside one with spread: the tied one is 0, the other is untouched.
   mixed = jnp.array([[1.2] * 7 + [0.2], [0.2] * 8])
   a = adv.group_normalized_advantages(mixed, eps=0.0)

@@ -280,8 +280,8 @@ def test_a_step_without_policy_tokens_measures_nothing(controller):
     assert after == before == pytest.approx(0.2)
   else:  # accuracy 1: beta_max
     assert before == pytest.approx(0.05) and after == pytest.approx(0.2)
-  # One varied group in the first of three minibatches: the two empty minibatches are
-  # skipped by the step's mean, so the logged figures are the varied one's, and finite.
+  # One varied group in one of three minibatches: the two empty minibatches are skipped
+  # by the step's mean, so the logged figures are the varied one's, and finite.
   _, after, metrics = results["one group varies"]
   assert np.isfinite(metrics["kl"]) and np.isfinite(metrics["entropy"])
   assert metrics["entropy"] > 0
@@ -298,8 +298,10 @@ def test_the_objective_of_an_empty_mask_is_a_finite_zero_with_nan_statistics():
         hp, logp, entropy, logp + 0.1, jnp.array([1.0, -1.0]), mask, beta=0.1,
         ref_logp=logp - 0.2)
     assert np.isfinite(loss) and (measured or loss == 0.0)
-    for key in ("kl", "entropy"):
+    for key in ("kl", "entropy", "clip_frac"):
       assert np.isfinite(metrics[key]) == measured, key
+    for key in ("kl_coef", "pg_loss", "loss"):  # values, not per-token statistics
+      assert np.isfinite(metrics[key]), key
     assert metrics["kl_coef"] == pytest.approx(0.1)
   assert metrics["entropy"] == pytest.approx(0.5)
 
