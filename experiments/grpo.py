@@ -68,6 +68,9 @@ class GRPOBatch(NamedTuple):
   # config.pack_replies: bool[M], whose length M is the static number of packed slots
   # per minibatch (`scoring.packed_slots`); None: the update scores padded rows.
   packed_slots: jax.Array | None = None
+  # config.skip_zero_advantage_rows: f32[] the factor that makes the loss the one of the
+  # batch before its rows without advantage were left out (`skipped_loss_scale`); None: 1.
+  loss_scale: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +101,10 @@ class GRPOSettings:
       (`without_tied_groups`): the token mean is over the groups that vary, and a
       packed update pays for their replies only (a KL or entropy term loses the
       tied rows' share).
+    skip_zero_advantage_rows: the update leaves out the rows whose advantages are all 0
+      (every row of a group whose rewards tie) and scales its loss so that its
+      gradient is the one of training on them (`without_zero_advantage_rows`): the
+      same step, for the other rows' compute only.
     kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
@@ -121,6 +128,7 @@ class GRPOSettings:
   pack_below: float = 0.5
   pack_width: int = 0
   drop_tied_groups: bool = False
+  skip_zero_advantage_rows: bool = False
   kl_controller: str = "fixed"
   kl_controller_kwargs: tuple[tuple[str, Any], ...] = ()
   kl_coef: float = 0.0
@@ -223,6 +231,7 @@ def settings_from_config(config) -> GRPOSettings:
       pack_below=float(config.get("pack_below", GRPOSettings.pack_below)),
       pack_width=int(config.get("max_new_tokens", 0)),
       drop_tied_groups=bool(config.get("drop_tied_groups", False)),
+      skip_zero_advantage_rows=bool(config.get("skip_zero_advantage_rows", False)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
       **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
@@ -342,6 +351,52 @@ def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size:
   return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
 
 
+def without_zero_advantage_rows(traj: types.Trajectory, advantages: jax.Array,
+                               aggregation: str) -> tuple[types.Trajectory, jax.Array]:
+  """`traj` without policy tokens in the rows whose advantages are all 0, and the f32[]
+  factor that makes the loss over the rest the loss over all rows.
+
+  Such a row adds nothing to the policy gradient (every registered policy loss
+  multiplies by the advantage) where the objective has no KL, no entropy bonus
+  and no token control that ranks tokens across rows (`validate` checks), but
+  it counts in the aggregation's denominator. Left out, a packed update does
+  not pay for its tokens; scaled by `skipped_loss_scale`, the gradient is the
+  one of training on it (to float rounding). Unlike `without_tied_groups`, the
+  step size does not change. The logged token statistics (entropy, clip
+  fraction) then cover the rows that were computed.
+
+  Args:
+    traj: B rows.
+    advantages: f32[B] or f32[B, T] (turn-level credit).
+    aggregation: the objective's aggregation mode.
+  """
+  mask = np.asarray(traj.policy_mask)
+  adv = np.asarray(advantages)
+  if adv.ndim == 1:
+    adv = adv[:, None]
+  # NaN != 0: a row with a non-finite advantage stays, for the run's checks to see.
+  signal = np.any((adv != 0) & mask, axis=1)
+  kept = mask & signal[:, None]
+  return (traj.replace(policy_mask=jnp.asarray(kept)),
+          jnp.float32(skipped_loss_scale(mask, kept, aggregation)))
+
+
+def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> float:
+  """The factor from the `aggregation` of a loss over the tokens of mask `kept` to its
+  aggregation over those of `full`, where the loss is 0 on the tokens only `full` holds:
+  the ratio of the two denominators (tokens for a token mean, sequences with a token
+  for a sequence mean, a constant for "seq-mean-token-sum-norm")."""
+  if aggregation == "token-mean":
+    kept_n, full_n = kept.sum(), full.sum()
+  elif aggregation in ("seq-mean-token-mean", "seq-mean-token-sum"):
+    kept_n, full_n = kept.any(axis=1).sum(), full.any(axis=1).sum()
+  elif aggregation == "seq-mean-token-sum-norm":
+    return 1.0
+  else:
+    raise ValueError(f"skip_zero_advantage_rows has no rule for aggregation {aggregation!r}")
+  return float(kept_n) / max(float(full_n), 1.0)
+
+
 def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int
                    ) -> tuple[types.Trajectory, jax.Array]:
   """`traj` with its reply columns padded to `width` (as they are if already that wide),
@@ -395,10 +450,11 @@ def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Ar
 
 
 def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
-              ref_params=None, beta=0.0, slots: int | None = None):
+              ref_params=None, beta=0.0, slots: int | None = None, loss_scale=None):
   """The policy objective on one (mini)batch: (loss, metrics). With `slots`, the policy
   tokens are scored packed into that many slots (`scoring.packed_policy_logits`): the
-  same values at the policy tokens, entropy 0 elsewhere (the loss reads neither there)."""
+  same values at the policy tokens, entropy 0 elsewhere (the loss reads neither there).
+  `loss_scale` multiplies the loss (`without_zero_advantage_rows`)."""
   hp = s.objective
   traj = batch.traj
   mask = traj.policy_mask
@@ -427,6 +483,9 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
   loss, metrics = objective_lib.policy_objective(
       hp, logp, entropy, old_logp, batch.advantages, mask, beta=beta, ref_logp=batch.ref_logp,
       kl_per_token=kl_per_token, behavior_logp=traj.sampling_logprobs if s.behavior_logp else None)
+  if loss_scale is not None:  # (no KL or entropy term: validate) the loss is pg_loss
+    loss = loss * loss_scale
+    metrics = {**metrics, "loss": loss, "pg_loss": metrics["pg_loss"] * loss_scale}
   if slots is not None:  # tokens left without a slot: skip the update (counted), never train
     loss = jnp.where(packing.complete, loss, jnp.nan)
   return loss, metrics
@@ -437,11 +496,12 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
                 s: GRPOSettings):
   """One rollout's updates, then the KL controller's step: (state, metrics)."""
   beta = state.kl_ctl.beta if state.kl_ctl is not None else 0.0
-  # Not per row: the role baselines, and the packed slots (only their count matters).
-  baseline, packed = batch.role_baseline, batch.packed_slots
-  batch = batch._replace(role_baseline=None, packed_slots=None)
+  # Not per row: the role baselines, the packed slots (only their count matters), the
+  # loss's scale.
+  baseline, packed, scale = batch.role_baseline, batch.packed_slots, batch.loss_scale
+  batch = batch._replace(role_baseline=None, packed_slots=None, loss_scale=None)
   loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta,
-                           slots=None if packed is None else packed.shape[0])
+                           slots=None if packed is None else packed.shape[0], loss_scale=scale)
   updates_before = state.updates
   state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
                                           epochs=s.epochs, minibatches=s.minibatches,
@@ -530,6 +590,10 @@ class GRPO:
       advantages, baseline = role_advantages(s, r, state.role_baseline)
     else:
       traj, advantages, correct = group_advantages(s, r)
+    loss_scale = None
+    if s.skip_zero_advantage_rows:
+      traj, loss_scale = without_zero_advantage_rows(traj, advantages,
+                                                     s.objective.aggregation)
     packed_slots = self._packed_slots(traj, state.updates)
     if packed_slots is not None:
       traj, advantages = padded_replies(traj, advantages, s.pack_width)
@@ -539,7 +603,8 @@ class GRPO:
     ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
                      correct=jnp.asarray(correct), role_baseline=baseline,
-                     reward_pairs=reward_pairs, packed_slots=packed_slots)
+                     reward_pairs=reward_pairs, packed_slots=packed_slots,
+                     loss_scale=loss_scale)
 
   def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
     """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
@@ -603,8 +668,32 @@ class GRPO:
     if self._can_pack(traj) and int(state.updates):  # a host read, once per process
       return  # a resumed run packs to its replies' lengths, unknown before sampling
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
-                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b))
+                      old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b),
+                      loss_scale=f32() if s.skip_zero_advantage_rows else None)
     self._update.start(state._replace(reward_model=None), batch, rng, f32())
+
+
+def _validate_skip_zero_advantage_rows(config, settings: GRPOSettings) -> None:
+  """Where a row without advantage still has a gradient, skipping it changes the update."""
+  hp = settings.objective
+  problems = []
+  if hp.kl_on:
+    problems.append(f"kl_coef {config.kl_coef} (a KL term has a gradient on every row)")
+  if hp.entropy_coef:
+    problems.append(f"entropy_coef {hp.entropy_coef} (so has an entropy bonus)")
+  if hp.token_control != "none":
+    problems.append(f"token_control {hp.token_control!r} (it ranks the tokens of every row)")
+  if hp.off_policy_correction == "mis":
+    problems.append("off_policy.correction 'mis' (it drops tokens of every row from the "
+                    "token mean's denominator)")
+  if settings.minibatches != 1:
+    problems.append(f"minibatches {settings.minibatches} (each minibatch has its own "
+                    "denominator; the scale is the batch's)")
+  if settings.drop_tied_groups:
+    problems.append("drop_tied_groups (it changes the step size on purpose; this keeps it)")
+  if problems:
+    raise ValueError("skip_zero_advantage_rows leaves out rows that add no gradient, which "
+                     "holds only without: " + "; ".join(problems))
 
 
 def _seed(rng) -> int:
@@ -624,6 +713,8 @@ def validate(config) -> None:
                      f"rewards ({group}) or over f32[P, G, M] reward components ({component}); "
                      f"token-level estimators such as GAE are PPO's")
   settings = settings_from_config(config)  # names, per-loss hyperparameters, controllers
+  if settings.skip_zero_advantage_rows:
+    _validate_skip_zero_advantage_rows(config, settings)
   if settings.drop_tied_groups and settings.turn_credit != "episode":
     raise ValueError(f"drop_tied_groups masks groups whose total rewards tie, but turn_credit "
                      f"{settings.turn_credit!r} can give such a group's turns advantages: use "

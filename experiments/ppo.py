@@ -248,6 +248,9 @@ def validate(config) -> None:
   if config.get("drop_tied_groups", False):
     raise ValueError("config.drop_tied_groups masks GRPO's groups whose rewards tie; PPO has no "
                      "groups (its critic is the baseline): set drop_tied_groups=False")
+  if config.get("skip_zero_advantage_rows", False):
+    raise ValueError("config.skip_zero_advantage_rows leaves GRPO's rows without advantage out "
+                     "of the update; PPO's value loss trains on every row: set it to False")
   level = config.get("gae_level", "token")
   if level not in GAE_LEVELS:
     raise ValueError(f"gae_level must be one of {GAE_LEVELS}, got {level!r}")

@@ -135,7 +135,7 @@ BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": 
                      "generation.answer_swaps": 0, "layout": "list", "remat": "none",
                      "overlap": False, "off_policy.correction": "none", "off_policy.cap": 2.0,
                      "pack_replies": False, "pack_below": 1.0, "optimizer.decay_over": 1.0,
-                     "drop_tied_groups": False}
+                     "drop_tied_groups": False, "skip_zero_advantage_rows": False}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",

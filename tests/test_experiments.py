@@ -283,6 +283,80 @@ def test_tied_groups_leave_the_update_and_its_token_mean():
     ppo.validate(bad)
 
 
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean",
+                                         "seq-mean-token-sum-norm"])
+def test_rows_without_advantage_skipped_give_the_same_update(aggregation):
+  """skip_zero_advantage_rows: the tied group's rows leave the packed update, and the
+  scaled loss has the gradient of the batch that kept them (to float rounding)."""
+  config = grpo_arithmetic.get_config("tiny")
+  config.pack_replies, config.pack_below = True, 1.0
+  config.aggregation = aggregation
+  model = zoo.load("tiny")
+  g, n = config.group_size, 8
+  b = config.prompts_per_step * g
+  lengths = np.arange(b) % n + 1
+  rewards = (np.arange(b) % 2).astype(np.float32)
+  rewards[g:2 * g] = 0.2  # the second group's rewards tie at a value float32 cannot hold
+  traj = types.with_outcome(types.single_turn(
+      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
+      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
+      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
+  rollout = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+                            completions=[""] * b, rewards=rewards,
+                            components={"reward": rewards}, correct=rewards)
+  batches, grads, losses = {}, {}, {}
+  for skip in (False, True):
+    config.skip_zero_advantage_rows = skip
+    grpo.validate(config)
+    algorithm = grpo.GRPO(config, model.cfg)
+    state = algorithm.init_state(model.params, jax.random.key(0))._replace(updates=jnp.int32(3))
+    batches[skip] = batch = algorithm.prepare(state, rollout, jax.random.key(1))
+    # A perturbed policy, so the ratio (and the clip) is not 1 everywhere.
+    batch = batch._replace(old_logp=batch.old_logp + 0.05 * jnp.sin(
+        jnp.arange(batch.old_logp.size).reshape(batch.old_logp.shape)))
+    loss = functools.partial(grpo.grpo_loss, cfg=model.cfg, s=algorithm.settings,
+                             slots=batch.packed_slots.shape[0], loss_scale=batch.loss_scale)
+    (losses[skip], _), grads[skip] = jax.value_and_grad(
+        lambda p, batch=batch, loss=loss: loss(p, batch), has_aux=True)(model.params)
+  full, kept = (np.asarray(batches[k].traj.policy_mask) for k in (False, True))
+  assert batches[False].loss_scale is None
+  tied = np.zeros(b, bool)
+  tied[g:2 * g] = True
+  np.testing.assert_array_equal(batches[True].advantages[tied], 0.0)
+  assert full[tied].any() and not kept[tied].any()
+  np.testing.assert_array_equal(kept[~tied], full[~tied])
+  assert batches[True].packed_slots.shape[0] < batches[False].packed_slots.shape[0]
+  expected = {"token-mean": kept.sum() / full.sum(),
+              "seq-mean-token-mean": (b - g) / b, "seq-mean-token-sum-norm": 1.0}[aggregation]
+  assert float(batches[True].loss_scale) == pytest.approx(expected)
+  np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5, atol=1e-8)
+  for a, c in zip(jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True]), strict=True):
+    np.testing.assert_allclose(c, a, rtol=2e-3, atol=1e-7)
+  assert max(float(np.abs(a).max()) for a in jax.tree.leaves(grads[True])) > 0
+
+
+def test_skipping_rows_without_advantage_is_refused_where_they_have_a_gradient():
+  config = grpo_arithmetic.get_config("tiny")
+  config.skip_zero_advantage_rows = True
+  grpo.validate(config)
+  for key, value, message in (("kl_coef", 0.1, "kl_coef"), ("entropy_coef", 0.01, "entropy"),
+                              ("minibatches", 2, "minibatches"),
+                              ("drop_tied_groups", True, "drop_tied_groups")):
+    bad = grpo_arithmetic.get_config("tiny")
+    bad.skip_zero_advantage_rows = True
+    bad[key] = value
+    with pytest.raises(ValueError, match=message):
+      grpo.validate(bad)
+  gated = grpo_arithmetic.get_config()  # the main job's entropy gate
+  gated.skip_zero_advantage_rows = True
+  with pytest.raises(ValueError, match="token_control 'entropy_gate'"):
+    grpo.validate(gated)
+  bad = ppo_arithmetic.get_config("tiny")
+  bad.skip_zero_advantage_rows = True
+  with pytest.raises(ValueError, match="skip_zero_advantage_rows"):
+    ppo.validate(bad)
+
 def _cli(workdir, *flags, **popen):
   cmd = [sys.executable, "-m", "experiments.grpo", f"--config={GRPO_TINY}",
          f"--workdir={workdir}", *flags]

@@ -115,6 +115,10 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Leave the groups whose rewards tie (zero advantage) out of the update's token mean
   # and its packed tokens (experiments.grpo.without_tied_groups).
   c.drop_tied_groups = False
+  # Leave the rows whose advantages are all 0 out of the update's compute, scaling the
+  # loss so the step is the one of training on them (experiments.grpo.
+  # without_zero_advantage_rows; needs no KL, entropy bonus or token control).
+  c.skip_zero_advantage_rows = False
   c.max_new_tokens = 32
   c.temperature = 0.8
   c.top_p = 1.0

@@ -103,7 +103,12 @@ TRL 0.26 .27 .39 .56 .60 .61 .64 .64 .66 .68 .70 .72 .78 in 158 (TRL's final
 race, the same day: 0.26 .57 .64 .70 .74 .77 .74 .72 .74 .74 .77 .78 .81 in
 247 steps, TRL 0.26 .27 .39 .56 .62 .62 .66 .65 .66 .70 .70 .76 .75 in 163
 (speedup 2.40, final +6; paired on the 100 questions, 10 answered by the
-project alone and 4 by TRL alone, paired standard error 3.7 points).
+project alone and 4 by TRL alone, paired standard error 3.7 points). A fourth
+race, 2026-11-29, after tied groups' advantages became exact zeros (the float32
+rounding had given each reply of an all-correct short group +0.106): 0.26 .49
+.65 .69 .67 .72 .75 .75 .77 .75 .75 .75 .77 in 246 steps, TRL 0.26 .28 .43 .48
+.59 .62 .63 .64 .65 .69 .69 .71 .73 in 150 (speedup 1.99, final +4; paired 6
+against 2, standard error 2.8 points).
 
 Higher peak rates, this config otherwise, the project's side alone, stopped
 after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
