@@ -221,6 +221,21 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
   assert np.all(np.asarray(advantages)[:, 8 + n:] == 0) and np.all(advantages[:, :8 + n] == 1)
 
 
+def _rollout_with_a_tied_group(g: int, b: int, n: int, tie: float) -> rl_loop.Rollout:
+  """b rows in groups of g with replies of 1..n tokens; rewards alternate 0/1, but the
+  second group's all equal `tie`."""
+  lengths = np.arange(b) % n + 1
+  rewards = (np.arange(b) % 2).astype(np.float32)
+  rewards[g:2 * g] = tie
+  traj = types.with_outcome(types.single_turn(
+      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
+      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
+      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
+  return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+                         completions=[""] * b, rewards=rewards,
+                         components={"reward": rewards}, correct=rewards)
+
+
 def test_tied_groups_leave_the_update_and_its_token_mean():
   """drop_tied_groups: a group whose rewards tie keeps its rows but loses its policy
   tokens, so the token-mean gradient is the kept groups' own (the full batch's times
@@ -230,16 +245,8 @@ def test_tied_groups_leave_the_update_and_its_token_mean():
   model = zoo.load("tiny")
   g, n = config.group_size, 8
   b = config.prompts_per_step * g
-  lengths = np.arange(b) % n + 1
-  rewards = (np.arange(b) % 2).astype(np.float32)
-  rewards[g:2 * g] = 1.0  # the second group's rewards tie
-  traj = types.with_outcome(types.single_turn(
-      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
-      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
-      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
-  rollout = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
-                            completions=[""] * b, rewards=rewards,
-                            components={"reward": rewards}, correct=rewards)
+  rollout = _rollout_with_a_tied_group(g, b, n, tie=1.0)
+  traj = rollout.traj
   batches, grads = {}, {}
   for drop in (False, True):
     config.drop_tied_groups = drop
@@ -295,16 +302,7 @@ def test_rows_without_advantage_skipped_give_the_same_update(aggregation):
   model = zoo.load("tiny")
   g, n = config.group_size, 8
   b = config.prompts_per_step * g
-  lengths = np.arange(b) % n + 1
-  rewards = (np.arange(b) % 2).astype(np.float32)
-  rewards[g:2 * g] = 0.2  # the second group's rewards tie at a value float32 cannot hold
-  traj = types.with_outcome(types.single_turn(
-      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
-      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
-      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
-  rollout = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
-                            completions=[""] * b, rewards=rewards,
-                            components={"reward": rewards}, correct=rewards)
+  rollout = _rollout_with_a_tied_group(g, b, n, tie=0.2)  # float32 cannot hold 0.2
   batches, grads, losses = {}, {}, {}
   for skip in (False, True):
     config.skip_zero_advantage_rows = skip
@@ -356,6 +354,7 @@ def test_skipping_rows_without_advantage_is_refused_where_they_have_a_gradient()
   bad.skip_zero_advantage_rows = True
   with pytest.raises(ValueError, match="skip_zero_advantage_rows"):
     ppo.validate(bad)
+
 
 def _cli(workdir, *flags, **popen):
   cmd = [sys.executable, "-m", "experiments.grpo", f"--config={GRPO_TINY}",

@@ -108,7 +108,13 @@ race, 2026-11-29, after tied groups' advantages became exact zeros (the float32
 rounding had given each reply of an all-correct short group +0.106): 0.26 .49
 .65 .69 .67 .72 .75 .75 .77 .75 .75 .75 .77 in 246 steps, TRL 0.26 .28 .43 .48
 .59 .62 .63 .64 .65 .69 .69 .71 .73 in 150 (speedup 1.99, final +4; paired 6
-against 2, standard error 2.8 points).
+against 2, standard error 2.8 points). A fifth, the same day on a 2-core Zen 3
+EPYC (AVX2 only; both sides 2-3x slower) with `skip_zero_advantage_rows=True`
+(the same updates, without computing the rows whose advantages are 0): 0.26
+.38 .56 .56 .62 .65 .68 .71 .72 .71 .70 .71 .72 in 71 steps, TRL 0.26 .27 .28
+.45 .41 .54 .58 .60 .63 .61 .62 .66 .64 in 68 (speedup 2.38, final +8; paired
+10 against 2, standard error 3.4 points); 424 s of it compiling (49 s per
+update program on that CPU), so the option stays off here.
 
 Higher peak rates, this config otherwise, the project's side alone, stopped
 after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
