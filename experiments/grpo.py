@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from experiments import common, reward_beside
-from jaxrl_agents import credit, precompile, registry, rl_loop, types
+from jaxrl_agents import credit, distributed, precompile, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import kl as kl_lib
@@ -370,15 +370,15 @@ def without_zero_advantage_rows(traj: types.Trajectory, advantages: jax.Array,
     advantages: f32[B] or f32[B, T] (turn-level credit).
     aggregation: the objective's aggregation mode.
   """
-  mask = np.asarray(traj.policy_mask)
-  adv = np.asarray(advantages)
+  mask = distributed.to_host(traj.policy_mask)  # (a multi-host run's is global)
+  adv = distributed.to_host(advantages)
   if adv.ndim == 1:
     adv = adv[:, None]
   # NaN != 0: a row with a non-finite advantage stays, for the run's checks to see.
   signal = np.any((adv != 0) & mask, axis=1)
-  kept = mask & signal[:, None]
-  return (traj.replace(policy_mask=jnp.asarray(kept)),
-          jnp.float32(skipped_loss_scale(mask, kept, aggregation)))
+  scale = skipped_loss_scale(mask, mask & signal[:, None], aggregation)
+  return (traj.replace(policy_mask=traj.policy_mask & jnp.asarray(signal)[:, None]),
+          jnp.float32(scale))
 
 
 def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> float:
