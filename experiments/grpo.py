@@ -34,6 +34,7 @@ from experiments import common, reward_beside
 from jaxrl_agents import credit, distributed, precompile, registry, rl_loop, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
+from jaxrl_agents.losses import aggregation as aggregation_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import lm
@@ -384,17 +385,10 @@ def without_zero_advantage_rows(traj: types.Trajectory, advantages: jax.Array,
 def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> float:
   """The factor from the `aggregation` of a loss over the tokens of mask `kept` to its
   aggregation over those of `full`, where the loss is 0 on the tokens only `full` holds:
-  the ratio of the two denominators (tokens for a token mean, sequences with a token
-  for a sequence mean, a constant for "seq-mean-token-sum-norm")."""
-  if aggregation == "token-mean":
-    kept_n, full_n = kept.sum(), full.sum()
-  elif aggregation in ("seq-mean-token-mean", "seq-mean-token-sum"):
-    kept_n, full_n = kept.any(axis=1).sum(), full.any(axis=1).sum()
-  elif aggregation == "seq-mean-token-sum-norm":
-    return 1.0
-  else:
-    raise ValueError(f"skip_zero_advantage_rows has no rule for aggregation {aggregation!r}")
-  return float(kept_n) / max(float(full_n), 1.0)
+  the ratio of the two denominators (`aggregation.denominator`; 1 for
+  "seq-mean-token-sum-norm", whose constant does not depend on the mask)."""
+  return float(aggregation_lib.denominator(kept, aggregation)
+               / aggregation_lib.denominator(full, aggregation))
 
 
 def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int

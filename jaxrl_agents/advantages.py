@@ -79,11 +79,10 @@ def group_normalized_advantages(
     f32[P, G]; each row sums to zero.
   """
   _check_groups(rewards, min_group=2)
-  centred = group_centred(rewards)
-  if not std_normalize:
-    return centred
-  scaled = centred / (rewards.std(axis=1, ddof=ddof, keepdims=True) + eps)
-  return jnp.where(no_spread(rewards, axis=1), 0.0, scaled)  # eps = 0: not 0 / 0
+  centred = rewards - rewards.mean(axis=1, keepdims=True)
+  if std_normalize:
+    centred = centred / (rewards.std(axis=1, ddof=ddof, keepdims=True) + eps)
+  return jnp.where(no_spread(rewards, axis=1), 0.0, centred)  # eps = 0 too: not 0 / 0
 
 
 @registry.register("group_advantage", "dr_grpo")

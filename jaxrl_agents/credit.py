@@ -266,9 +266,8 @@ def step_group_advantages(
   mean = (w * r[:, None, :]).sum(-1) / count
   # A step group whose returns all tie: exactly 0 (the float32 rounding of its mean over
   # std + eps is not; see advantages.no_spread).
-  hi = jnp.where(same, r[:, None, :], -jnp.inf).max(-1)
-  lo = jnp.where(same, r[:, None, :], jnp.inf).min(-1)
-  tied = (hi == lo) & jnp.isfinite(hi)
+  tied = advantages_lib.no_spread(jnp.broadcast_to(r[:, None, :], same.shape), -1,
+                                  same)[..., 0]
   centred = jnp.where(ok & ~tied, r - mean, 0.0)
   if std_normalize:
     var = (w * (r[:, None, :] - mean[:, :, None]) ** 2).sum(-1) / count

@@ -134,10 +134,12 @@ def tied_groups(rewards: np.ndarray) -> np.ndarray:
   """bool[P]: the groups (rows of `rewards` f32[P, G]) whose rewards are all equal.
 
   Max == min, not std == 0: numpy's float32 std of seven rewards of 0.2 is 1.5e-8.
-  The advantage estimators give such a group exactly 0 (`advantages.no_spread`).
+  The rule of `advantages.no_spread`, which gives such a group exactly 0 advantage
+  (infinite rewards are not a tie there either).
   """
   rewards = np.asarray(rewards)
-  return rewards.max(axis=1) == rewards.min(axis=1)
+  hi = rewards.max(axis=1)
+  return (hi == rewards.min(axis=1)) & np.isfinite(hi)
 
 
 def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[str, float]:

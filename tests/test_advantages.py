@@ -79,6 +79,7 @@ def test_tied_groups_get_exact_zeros_when_the_reward_is_not_representable():
   seven[1, 0] = 1.2
   assert seven[0].std() != 0  # the rule it replaced would miss this tie
   np.testing.assert_array_equal(rl_loop.tied_groups(seven), [True, False])
+  assert not rl_loop.tied_groups(np.full((1, 8), np.inf, np.float32))[0]  # as no_spread
   # A tied group beside one with spread: the tied one is 0, the other is untouched.
   mixed = jnp.array([[1.2] * 7 + [0.2], [0.2] * 8])
   a = adv.group_normalized_advantages(mixed, eps=0.0)

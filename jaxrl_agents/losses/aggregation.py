@@ -20,6 +20,24 @@ from jaxrl_agents import registry
 from jaxrl_agents.losses._checks import check_bt
 
 
+def denominator(mask: jax.Array, mode: str = "token-mean",
+                normalizer: float | None = None) -> jax.Array:
+  """What `mode` divides the masked sum by (for "seq-mean-token-mean", the count its
+  mean over sequences divides by): the policy tokens, the sequences with one, or B * L.
+
+  A loss that is 0 on some rows can be aggregated without them and rescaled by the
+  ratio of the denominators with and without (experiments.grpo.skipped_loss_scale).
+  """
+  m = mask.astype(jnp.float32)
+  if mode == "token-mean":
+    return jnp.maximum(m.sum(), 1.0)
+  if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+    return jnp.maximum((m.sum(-1) > 0).sum(), 1.0)
+  if mode == "seq-mean-token-sum-norm":
+    return jnp.float32(mask.shape[0] * (mask.shape[-1] if normalizer is None else normalizer))
+  raise ValueError(f"unknown aggregation {mode!r}; expected one of {sorted(AGGREGATIONS)}")
+
+
 def _masked(values: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   check_bt(values=values, mask=mask)
   m = mask.astype(values.dtype)
@@ -37,8 +55,8 @@ def token_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
   Returns:
     f32[] scalar; 0 when the mask is empty.
   """
-  vm, m = _masked(values, mask)
-  return vm.sum() / jnp.maximum(m.sum(), 1.0)
+  vm, _ = _masked(values, mask)
+  return vm.sum() / denominator(mask, "token-mean")
 
 
 @registry.register("aggregation", "seq-mean-token-mean")
@@ -47,16 +65,14 @@ def seq_mean_token_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
   vm, m = _masked(values, mask)
   length = m.sum(-1)
   per_seq = vm.sum(-1) / jnp.maximum(length, 1.0)
-  has_tokens = (length > 0).astype(values.dtype)
-  return (per_seq * has_tokens).sum() / jnp.maximum(has_tokens.sum(), 1.0)
+  return per_seq.sum() / denominator(mask, "seq-mean-token-mean")
 
 
 @registry.register("aggregation", "seq-mean-token-sum")
 def seq_mean_token_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
   """mean_b [ sum_t m_bt v_bt ] over sequences with >= 1 token."""
-  vm, m = _masked(values, mask)
-  has_tokens = (m.sum(-1) > 0).astype(values.dtype)
-  return vm.sum() / jnp.maximum(has_tokens.sum(), 1.0)
+  vm, _ = _masked(values, mask)
+  return vm.sum() / denominator(mask, "seq-mean-token-sum")
 
 
 @registry.register("aggregation", "seq-mean-token-sum-norm")
@@ -81,8 +97,7 @@ def seq_mean_token_sum_norm(
     f32[] scalar.
   """
   vm, _ = _masked(values, mask)
-  length = values.shape[-1] if normalizer is None else normalizer
-  return vm.sum() / (values.shape[0] * length)
+  return vm.sum() / denominator(mask, "seq-mean-token-sum-norm", normalizer)
 
 
 AGGREGATIONS = {
