@@ -9,6 +9,7 @@ reverse, each continuing as the uninterrupted run did.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -104,13 +105,16 @@ def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path):
   assert _records(two, "samples.jsonl") == _records(one, "samples.jsonl")
   assert sorted(os.listdir(two / "checkpoints")) == ["1", "2", "3"]
 
-  # 2 processes write the checkpoint of step 2, 1 process resumes it, and the reverse:
-  # each ends where the uninterrupted run did.
-  for first, then in ((2, 1), (1, 2)):
-    workdir = tmp_path / f"resumed_{first}_{then}"
-    _run(workdir, 2, first, tmp_path)
+  # The checkpoint of step 2 written by 2 processes resumes in 1, and the reverse: each
+  # run's workdir as a crash before the checkpoint of step 3 would leave it (that step's
+  # log lines written, its checkpoint not), resumed, ends where the uninterrupted run did.
+  for first, then in ((two, 1), (one, 2)):
+    workdir = tmp_path / f"resumed_{first.name}_in_{then}"
+    shutil.copytree(first, workdir)
+    shutil.rmtree(workdir / "checkpoints" / "3")
     _run(workdir, 3, then, tmp_path)
-    assert _computed(_records(workdir)) == _computed(one_records), (first, then)
+    assert _computed(_records(workdir)) == _computed(one_records), (first.name, then)
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2", "3"]
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def test_tiny_guess_number_writes_every_artifact_and_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_tiny_model_learns_to_play_guess_the_number(tmp_path):
+def test_the_tiny_model_learns_to_play_guess_the_number(tmp_path, optimized_compiles):
   """Numbers 1-4, 3 turns of one token: the random model answers with a digit about once in
   86 replies. Over seeds 0-2 (60 steps of 128 episodes) the sampled success rate went from
   0.03-0.08 to 0.41-0.54 and invalid replies from 2.2-2.8 to 0.32-0.42 per episode; the
