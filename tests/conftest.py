@@ -13,7 +13,10 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR",
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache",
                  "jax_tests"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# The thresholds of experiments.common.enable_compilation_cache (a run's cache), here as
+# environment variables: they must be set before jax is imported, and the processes the
+# tests start (experiments, notebook kernels) inherit them.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # Most of the suite's time is XLA compiling programs that then run for milliseconds on
 # tiny models: the suite compiles with LLVM's optimizations off (a quarter less time
