@@ -162,12 +162,39 @@ _WORST_CASES = {
 }
 
 
-def _best_time(fn, reply: str, repeats: int = 3) -> float:
-  best = math.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn([reply], [_EXAMPLE])
-    best = min(best, time.perf_counter() - start)
+def _best_times(fn, small: str, large: str, rounds: int = 5) -> tuple[float, float]:
+  """The best of `rounds` timings of each reply, the two measured in turn: a stretch of
+  load from another process (the test lanes share two cores) slows both alike instead of
+  only the one that happened to run then."""
+  best_small = best_large = math.inf
+  for _ in range(rounds):
+    for reply in (small, large):
+      start = time.perf_counter()
+      fn([reply], [_EXAMPLE])
+      elapsed = time.perf_counter() - start
+      if reply is small:
+        best_small = min(best_small, elapsed)
+      else:
+        best_large = min(best_large, elapsed)
+  return best_small, best_large
+
+
+def _ratio(t_small: float, t_large: float) -> float:
+  # A floor on the small time: below it, timer noise would decide the ratio.
+  return t_large / max(t_small, 2e-3)
+
+
+def _times_of_best_attempt(fn, small: str, large: str, attempts: int = 3):
+  """(t_small, t_large) of the attempt with the smallest ratio. A linear reader meets the
+  bound in one attempt unless the machine is busy throughout it; a quadratic one (16x)
+  misses it in every attempt."""
+  best = (1.0, math.inf)
+  for _ in range(attempts):
+    times = _best_times(fn, small, large)
+    if _ratio(*times) < _ratio(*best):
+      best = times
+    if _ratio(*best) <= 8:
+      break
   return best
 
 
@@ -176,9 +203,8 @@ def test_time_is_linear_in_the_reply_on_worst_cases(case):
   small, large = _WORST_CASES[case](20_000), _WORST_CASES[case](80_000)
   for name in _text_rewards():
     fn = registry.get("reward", name)
-    t_small, t_large = _best_time(fn, small), _best_time(fn, large)
-    # A floor on the small time: below it, timer noise would decide the ratio.
-    assert t_large <= 8 * max(t_small, 2e-3), (name, t_small, t_large)
+    t_small, t_large = _times_of_best_attempt(fn, small, large)
+    assert _ratio(t_small, t_large) <= 8, (name, t_small, t_large)
     assert t_large < 4 * TIME_BOUND_S, (name, t_large)
 
 
