@@ -24,6 +24,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # with each other and with independent references, which holds at any optimization
 # level. JAX_DISABLE_MOST_OPTIMIZATIONS=0 tests the optimized programs.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# The tests' multi-process runs start their processes on this one machine: process 0
+# compiles each program that spans the processes and hands it to the others through
+# jax.distributed's key-value store, instead of every process compiling it (on two
+# cores, the processes of a run would otherwise compile side by side). JAX does this
+# only where the persistent cache is on, as it is in every experiment's run.
+os.environ.setdefault("JAX_SHARE_BINARY_BETWEEN_HOSTS", "1")
+
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -52,3 +60,19 @@ def optimized_compiles():
   jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", before)
+
+
+def copy_as_crashed_before(workdir, dest, step: int) -> str:
+  """A copy of a finished run's `workdir` at `dest` as a crash just before the checkpoint
+  of `step` leaves it: that step's log lines written, its checkpoint not. A resume there
+  redoes the steps after the previous checkpoint, so a test of exact resume costs one
+  shortened run instead of a separate stopped one."""
+  shutil.copytree(workdir, dest)
+  shutil.rmtree(os.path.join(dest, "checkpoints", str(step)))
+  return str(dest)
+
+
+@pytest.fixture
+def crashed_copy():
+  """`copy_as_crashed_before`, for tests (conftest is not imported by test modules)."""
+  return copy_as_crashed_before

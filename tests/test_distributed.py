@@ -9,7 +9,6 @@ reverse, each continuing as the uninterrupted run did.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -92,7 +91,7 @@ def _computed(records):
 
 
 @pytest.mark.slow
-def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path):
+def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path, crashed_copy):
   two, one = tmp_path / "two", tmp_path / "one"
   _run(two, 3, 2, tmp_path)
   _run(one, 3, 1, tmp_path)
@@ -109,12 +108,10 @@ def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path):
   # run's workdir as a crash before the checkpoint of step 3 would leave it (that step's
   # log lines written, its checkpoint not), resumed, ends where the uninterrupted run did.
   for first, then in ((two, 1), (one, 2)):
-    workdir = tmp_path / f"resumed_{first.name}_in_{then}"
-    shutil.copytree(first, workdir)
-    shutil.rmtree(workdir / "checkpoints" / "3")
+    workdir = crashed_copy(first, tmp_path / f"resumed_{first.name}_in_{then}", 3)
     _run(workdir, 3, then, tmp_path)
     assert _computed(_records(workdir)) == _computed(one_records), (first.name, then)
-    assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2", "3"]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2", "3"]
 
 
 @pytest.mark.slow

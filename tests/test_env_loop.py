@@ -17,7 +17,7 @@ def _records(workdir, kind):
 
 
 @pytest.mark.slow
-def test_tiny_guess_number_writes_every_artifact_and_resumes_exactly(tmp_path):
+def test_tiny_guess_number_writes_every_artifact_and_resumes_exactly(tmp_path, crashed_copy):
   config = grpo_guess_number.get_config("tiny")
   config.steps, config.eval_every, config.checkpoint_every = 4, 2, 2
   full = str(tmp_path / "full")
@@ -34,11 +34,9 @@ def test_tiny_guess_number_writes_every_artifact_and_resumes_exactly(tmp_path):
   assert any("Higher." in s["completion"] or "Lower." in s["completion"]
              or "Answer with" in s["completion"] for s in samples if s["kind"] == "train")
   assert checkpointing.Checkpointer(full).steps()[-1] == 4
-  # Stopped after step 2, then resumed: the same records as the uninterrupted run.
-  part = str(tmp_path / "part")
-  config.steps = 2
-  grpo.train(config, part, progress=False)
-  config.steps = 4
+  # A crash before the checkpoint of step 4, resumed from step 2: the same records as the
+  # uninterrupted run.
+  part = crashed_copy(full, tmp_path / "part", 4)
   grpo.train(config, part, progress=False)
   timing = ("time", "per_s")
   strip = lambda rs: [{k: v for k, v in r.items() if not any(t in k for t in timing)}
