@@ -62,17 +62,21 @@ def optimized_compiles():
   jax.config.update("jax_disable_most_optimizations", before)
 
 
-def copy_as_crashed_before(workdir, dest, step: int) -> str:
-  """A copy of a finished run's `workdir` at `dest` as a crash just before the checkpoint
-  of `step` leaves it: that step's log lines written, its checkpoint not. A resume there
-  redoes the steps after the previous checkpoint, so a test of exact resume costs one
+def copy_as_crashed_after(workdir, dest, step: int) -> str:
+  """A copy of a finished run's `workdir` at `dest` as a crash after the checkpoint of
+  `step` leaves it: the log lines of later steps written, their checkpoints not. A
+  resume there redoes the steps after `step`, so a test of exact resume costs one
   shortened run instead of a separate stopped one."""
   shutil.copytree(workdir, dest)
-  shutil.rmtree(os.path.join(dest, "checkpoints", str(step)))
+  checkpoints = os.path.join(dest, "checkpoints")
+  assert os.path.isdir(os.path.join(checkpoints, str(step))), f"no checkpoint of step {step}"
+  for name in os.listdir(checkpoints):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(checkpoints, name))
   return str(dest)
 
 
 @pytest.fixture
 def crashed_copy():
-  """`copy_as_crashed_before`, for tests (conftest is not imported by test modules)."""
-  return copy_as_crashed_before
+  """`copy_as_crashed_after`, for tests (conftest is not imported by test modules)."""
+  return copy_as_crashed_after

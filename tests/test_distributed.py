@@ -105,10 +105,10 @@ def test_two_processes_log_what_one_process_logs_and_resume_across(tmp_path, cra
   assert sorted(os.listdir(two / "checkpoints")) == ["1", "2", "3"]
 
   # The checkpoint of step 2 written by 2 processes resumes in 1, and the reverse: each
-  # run's workdir as a crash before the checkpoint of step 3 would leave it (that step's
-  # log lines written, its checkpoint not), resumed, ends where the uninterrupted run did.
+  # run's workdir as a crash after the checkpoint of step 2 would leave it (step 3's log
+  # lines written, its checkpoint not), resumed, ends where the uninterrupted run did.
   for first, then in ((two, 1), (one, 2)):
-    workdir = crashed_copy(first, tmp_path / f"resumed_{first.name}_in_{then}", 3)
+    workdir = crashed_copy(first, tmp_path / f"resumed_{first.name}_in_{then}", 2)
     _run(workdir, 3, then, tmp_path)
     assert _computed(_records(workdir)) == _computed(one_records), (first.name, then)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2", "3"]

@@ -13,9 +13,14 @@ from jaxrl_agents import losses
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.rollout import scoring
 
 PAIRS = [{"prompt": "2 + 3?", "chosen": "5", "rejected": "six or so"},
          {"prompt": "a much longer question here?", "chosen": "yes!", "rejected": "no"}]
+
+
+# Jitted: eager, each op of the forward would compile on its own.
+_reply_logprobs = jax.jit(scoring.reply_logprobs, static_argnames="cfg")
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +32,10 @@ def _reply_logp_by_hand(model, prompt, reply):
   """Sum of log-softmax over the reply's tokens (and its closing one), from an unpadded
   forward of the sequence alone."""
   ids, prompt_len = preferences.response_ids(model.tokenizer, prompt, reply, chat=True)
-  logits, _ = transformer.apply(model.params, jnp.asarray([ids]), jnp.arange(len(ids))[None],
-                                model.cfg)
-  logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+  # Jitted: eager, each op of the forward would compile on its own.
+  logits, _ = jax.jit(transformer.apply, static_argnames="cfg")(
+      model.params, jnp.asarray([ids]), jnp.arange(len(ids))[None], model.cfg)
+  logp = np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1))
   return float(sum(logp[t - 1, ids[t]] for t in range(prompt_len, len(ids))))
 
 
@@ -43,7 +49,7 @@ def _batch(model, pairs, ref_params):
   batch = dpo.PairBatch(*(jnp.asarray(x) for x in (c.tokens, c.mask, c.response, r.tokens,
                                                    r.mask, r.response)),
                         jnp.zeros(len(pairs)), jnp.zeros(len(pairs)))
-  ref = dpo.reference_logprobs(ref_params, batch, cfg=model.cfg)
+  ref = jax.jit(dpo.reference_logprobs, static_argnames="cfg")(ref_params, batch, cfg=model.cfg)
   return batch._replace(ref_chosen_logp=ref[0], ref_rejected_logp=ref[1])
 
 
@@ -64,7 +70,8 @@ def test_each_loss_is_the_library_loss_of_independently_computed_log_probs(tiny,
   loss evaluated on log-probs computed sequence by sequence."""
   policy = jax.tree.map(lambda x: x * 1.05, tiny.params)
   batch = _batch(tiny, PAIRS, tiny.params)
-  got, _ = dpo.preference_loss(policy, batch, cfg=tiny.cfg, s=_settings(loss, **kwargs))
+  got, _ = jax.jit(dpo.preference_loss, static_argnames=("cfg", "s"))(
+      policy, batch, cfg=tiny.cfg, s=_settings(loss, **kwargs))
   moved = zoo.Model(**{**tiny.__dict__, "params": policy})
   c = jnp.asarray([_reply_logp_by_hand(moved, p["prompt"], p["chosen"]) for p in PAIRS])
   r = jnp.asarray([_reply_logp_by_hand(moved, p["prompt"], p["rejected"]) for p in PAIRS])
@@ -81,7 +88,7 @@ def test_each_loss_is_the_library_loss_of_independently_computed_log_probs(tiny,
     expected = (-jax.nn.log_sigmoid(0.2 * ((c - refs[0]) - (r - refs[1]))).mean()
                 + 0.7 * (-c / n_chosen).mean())
   else:
-    tok_c, tok_r = dpo._both_sides(policy, batch, tiny.cfg)
+    tok_c, tok_r = jax.jit(dpo._both_sides, static_argnums=2)(policy, batch, tiny.cfg)
     expected, _ = losses.cpl_loss(tok_c, tok_r, batch.chosen_response, batch.rejected_response,
                                   alpha=0.4, gamma=0.9)
     # And S with gamma = 1 is the sequence log-prob computed by hand.
@@ -93,11 +100,9 @@ def test_each_loss_is_the_library_loss_of_independently_computed_log_probs(tiny,
 def test_a_reply_token_with_no_real_token_before_it_counts_zero(tiny):
   """An empty raw prompt: the reply's first token has only padding before it, so it has no
   prediction and contributes 0 (not a log-prob read off a padding column)."""
-  from jaxrl_agents.rollout import scoring
-
   e = preferences.encode_texts(tiny.tokenizer, ["", ""], ["ab", "abcdef"], max_len=64,
                                chat=False)
-  logp = np.asarray(scoring.reply_logprobs(tiny.params, jnp.asarray(e.tokens),
+  logp = np.asarray(_reply_logprobs(tiny.params, jnp.asarray(e.tokens),
                                            jnp.asarray(e.mask), jnp.asarray(e.response),
                                            cfg=tiny.cfg))
   for i in range(2):
@@ -108,15 +113,13 @@ def test_a_reply_token_with_no_real_token_before_it_counts_zero(tiny):
 
 def test_reply_log_probs_over_the_reply_tail_equal_the_full_width_ones(tiny):
   """Logits for the last R columns only give the same log-probs as all W columns."""
-  from jaxrl_agents.rollout import scoring
-
   e = preferences.encode_texts(tiny.tokenizer, ["a long prompt " * 6, "q"], ["ab", "abcdefgh"],
                                max_len=128)
   tail = preferences.reply_tail(e.response, multiple=4)
   assert tail.shape[1] == 12 < e.tokens.shape[1]  # "abcdefgh" and the closing token: 9 -> 12
   args = (tiny.params, jnp.asarray(e.tokens), jnp.asarray(e.mask))
-  full = np.asarray(scoring.reply_logprobs(*args, jnp.asarray(e.response), cfg=tiny.cfg))
-  short = np.asarray(scoring.reply_logprobs(*args, jnp.asarray(tail), cfg=tiny.cfg))
+  full = np.asarray(_reply_logprobs(*args, jnp.asarray(e.response), cfg=tiny.cfg))
+  short = np.asarray(_reply_logprobs(*args, jnp.asarray(tail), cfg=tiny.cfg))
   np.testing.assert_allclose(short, full[:, -12:], rtol=1e-6, atol=1e-6)
   assert np.all(full[:, :-12] == 0)
   with pytest.raises(ValueError, match="not right-aligned"):
@@ -161,8 +164,8 @@ def test_tiny_generated_pairs_run_writes_every_artifact_and_resumes_exactly(tmp_
   train = records(full, "train")
   assert [r["step"] for r in train] == [1, 2, 3, 4]
   assert all(np.isfinite(r["loss"]) for r in train)
-  # A crash before the checkpoint of step 4 (its pairs already sampled), resumed from 2.
-  part = crashed_copy(full, tmp_path / "part", 4)
+  # A crash after the checkpoint of step 2 (the pairs already sampled), resumed.
+  part = crashed_copy(full, tmp_path / "part", 2)
   dpo.train(config, part, progress=False)
   strip = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
                       for r in rs]

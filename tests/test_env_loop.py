@@ -34,9 +34,9 @@ def test_tiny_guess_number_writes_every_artifact_and_resumes_exactly(tmp_path, c
   assert any("Higher." in s["completion"] or "Lower." in s["completion"]
              or "Answer with" in s["completion"] for s in samples if s["kind"] == "train")
   assert checkpointing.Checkpointer(full).steps()[-1] == 4
-  # A crash before the checkpoint of step 4, resumed from step 2: the same records as the
-  # uninterrupted run.
-  part = crashed_copy(full, tmp_path / "part", 4)
+  # A crash after the checkpoint of step 2, resumed: the same records as the uninterrupted
+  # run.
+  part = crashed_copy(full, tmp_path / "part", 2)
   grpo.train(config, part, progress=False)
   timing = ("time", "per_s")
   strip = lambda rs: [{k: v for k, v in r.items() if not any(t in k for t in timing)}

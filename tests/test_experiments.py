@@ -255,7 +255,9 @@ def test_tied_groups_leave_the_update_and_its_token_mean():
     batches[drop] = batch = algorithm.prepare(state, rollout, jax.random.key(1))
     loss = functools.partial(grpo.grpo_loss, cfg=model.cfg, s=algorithm.settings,
                              slots=batch.packed_slots.shape[0])
-    grads[drop] = jax.grad(lambda p, batch=batch, loss=loss: loss(p, batch)[0])(model.params)
+    # Jitted: an eager gradient compiles each op of the forward and backward on its own.
+    grads[drop] = jax.jit(jax.grad(lambda p, batch=batch, loss=loss: loss(p, batch)[0]))(
+        model.params)
   kept, dropped = (np.asarray(batches[d].traj.policy_mask) for d in (False, True))
   tied = np.zeros(b, bool)
   tied[g:2 * g] = True
@@ -315,8 +317,8 @@ def test_rows_without_advantage_skipped_give_the_same_update(aggregation):
         jnp.arange(batch.old_logp.size).reshape(batch.old_logp.shape)))
     loss = functools.partial(grpo.grpo_loss, cfg=model.cfg, s=algorithm.settings,
                              slots=batch.packed_slots.shape[0], loss_scale=batch.loss_scale)
-    (losses[skip], _), grads[skip] = jax.value_and_grad(
-        lambda p, batch=batch, loss=loss: loss(p, batch), has_aux=True)(model.params)
+    (losses[skip], _), grads[skip] = jax.jit(jax.value_and_grad(
+        lambda p, batch=batch, loss=loss: loss(p, batch), has_aux=True))(model.params)
   full, kept = (np.asarray(batches[k].traj.policy_mask) for k in (False, True))
   assert batches[False].loss_scale is None
   tied = np.zeros(b, bool)

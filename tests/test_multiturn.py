@@ -12,6 +12,11 @@ from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import multiturn, scoring
 from jaxrl_agents.rollout import sampler as sampler_lib
 
+# Jitted for the Python-loop references: eager, the prefill's forward would compile each
+# of its ops on its own, every turn.
+_prefill = jax.jit(sampler_lib.prefill, static_argnames=("cfg", "cache_len", "samples_per_prompt"))
+_decode = jax.jit(sampler_lib.decode, static_argnames=("cfg", "sampling", "keep_cache"))
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -41,10 +46,10 @@ def _reference(model, env, template, tasks, rng, sampling, group_size, num_turns
   for k in range(num_turns):
     width = max(len(r) for r in rows)
     ids, mask = tokenizer_lib.pad_left(rows, 0, width)
-    context = sampler_lib.prefill(model.params, model.cfg, jnp.asarray(ids), jnp.asarray(mask),
-                                  cache_len=width + sampling.max_new_tokens)
-    out, _ = sampler_lib.decode(model.params, model.cfg, context, jax.random.fold_in(rng, k),
-                                sampling, active=~jnp.asarray(done))
+    context = _prefill(model.params, model.cfg, jnp.asarray(ids), jnp.asarray(mask),
+                       cache_len=width + sampling.max_new_tokens)
+    out, _ = _decode(model.params, model.cfg, context, jax.random.fold_in(rng, k),
+                     sampling, active=~jnp.asarray(done))
     turn_replies, turn_rewards = [], []
     keys.append([-1 if done[i] else int(env.state_key(states[i])) for i in range(len(rows))])
     for i in range(len(rows)):
@@ -115,8 +120,10 @@ def test_scoring_only_the_reply_columns_changes_nothing(tiny):
                                             group_size=2)
     return jnp.sum(logp) + jnp.sum(jnp.where(traj.policy_mask, entropy, 0.0)), (logp, entropy)
 
-  (a, (logp_a, ent_a)), grad_a = jax.value_and_grad(total, has_aux=True)(tiny.params, spans)
-  (b, (logp_b, ent_b)), grad_b = jax.value_and_grad(total, has_aux=True)(tiny.params, every)
+  # Jitted: eager, each op of the forward and backward would compile on its own.
+  step = jax.jit(jax.value_and_grad(total, has_aux=True))
+  (a, (logp_a, ent_a)), grad_a = step(tiny.params, spans)
+  (b, (logp_b, ent_b)), grad_b = step(tiny.params, every)
   np.testing.assert_allclose(np.asarray(logp_a), np.asarray(logp_b), atol=1e-5)
   np.testing.assert_allclose(np.asarray(ent_a)[policy], np.asarray(ent_b)[policy], atol=1e-5)
   np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
@@ -155,7 +162,8 @@ def test_logprobs_recomputed_on_the_trajectory_equal_the_sampling_ones(tiny):
   assert int(np.asarray(traj.turn_mask).sum()) > traj.turn_mask.shape[0]
   mask = np.asarray(traj.policy_mask)
   for group_size in (1, 2):  # the full forward and the shared-prompt one
-    recomputed, _ = scoring.policy_logprobs(tiny.params, tiny.cfg, traj, group_size=group_size)
+    recomputed, _ = jax.jit(scoring.policy_logprobs, static_argnames=("cfg", "group_size"))(
+        tiny.params, tiny.cfg, traj, group_size=group_size)
     np.testing.assert_allclose(np.asarray(recomputed)[mask],
                                np.asarray(traj.sampling_logprobs)[mask], atol=1e-4)
 

@@ -99,7 +99,8 @@ def test_process_reward_model_learns_a_learnable_step_signal_on_the_tiny_model(t
   assert result["step_accuracy"] >= 0.9 and result["step_mae"] < 0.3
 
 
-def test_tiny_generated_steps_run_writes_every_artifact_and_resumes_exactly(tmp_path):
+def test_tiny_generated_steps_run_writes_every_artifact_and_resumes_exactly(tmp_path,
+                                                                          crashed_copy):
   config = process_reward_model_arithmetic.get_config("tiny")
   full = str(tmp_path / "full")
   result = prm_experiment.train(config, full, progress=False)
@@ -117,10 +118,8 @@ def test_tiny_generated_steps_run_writes_every_artifact_and_resumes_exactly(tmp_
   assert all(v in (0.0, 0.5, 1.0) for r in rows for v in r["values"])
   records = lambda w, kind: [r for r in metrics_lib.read_jsonl(os.path.join(w, "metrics.jsonl"))
                              if r["kind"] == kind]
-  part = str(tmp_path / "part")
-  config.steps = 2
-  prm_experiment.train(config, part, progress=False)
-  config.steps = 4
+  # A crash after the checkpoint of step 2 (the labelled steps already generated), resumed.
+  part = crashed_copy(full, tmp_path / "part", 2)
   prm_experiment.train(config, part, progress=False)
   strip = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
                       for r in rs]

@@ -59,8 +59,9 @@ def test_padding_pairs_leave_the_loss_and_its_gradient_unchanged():
   real, _ = rm_experiment.pair_batch(model.tokenizer, rows, s)
   padded, _ = rm_experiment.pair_batch(model.tokenizer, rows + [rows[0]] * 2, s)
   loss = lambda p, b: beside.weighted_bt_loss(p, b, cfg=model.cfg, s=s)[0]
-  a, ga = jax.value_and_grad(loss)(params, (real, np.ones(2, np.float32)))
-  b, gb = jax.value_and_grad(loss)(params, (padded, np.asarray([1, 1, 0, 0], np.float32)))
+  step = jax.jit(jax.value_and_grad(loss))  # eager, each op would compile on its own
+  a, ga = step(params, (real, np.ones(2, np.float32)))
+  b, gb = step(params, (padded, np.asarray([1, 1, 0, 0], np.float32)))
   np.testing.assert_allclose(a, b, rtol=1e-6)
   np.testing.assert_allclose(ga["head"]["w"], gb["head"]["w"], rtol=1e-5, atol=1e-7)
 
@@ -81,10 +82,12 @@ def _grpo_config(rm_dir: str, steps: int):
   return c
 
 
-def test_grpo_trains_its_reward_model_beside_the_policy_and_resumes_exactly(tmp_path):
+def test_grpo_trains_its_reward_model_beside_the_policy_and_resumes_exactly(tmp_path,
+                                                                            crashed_copy):
   """The policy's reward is the train state's reward model, which takes a Bradley-Terry step
   on the step's graded pairs: its checkpointed head moves away from the loaded one, every
-  step logs its pairs, and a run stopped after step 2 and resumed logs the same records."""
+  step logs its pairs, and a run that crashed after step 2's checkpoint and resumed logs the
+  same records."""
   preferences.write_pairs(tmp_path / "pairs.jsonl", [
       {"prompt": "1+1", "chosen": "2", "rejected": "3"}] * 8)
   rm_config = reward_model_arithmetic.get_config("tiny")
@@ -97,7 +100,7 @@ def test_grpo_trains_its_reward_model_beside_the_policy_and_resumes_exactly(tmp_
   full, part = str(tmp_path / "full"), str(tmp_path / "part")
   with registry.registered("reward", "odd_length", _odd_length):
     grpo.train(_grpo_config(rm_dir, 3), full, progress=False)
-    grpo.train(_grpo_config(rm_dir, 2), part, progress=False)
+    crashed_copy(full, part, 2)
     grpo.train(_grpo_config(rm_dir, 3), part, progress=False)
 
   records = lambda w: [r for r in metrics_lib.read_jsonl(os.path.join(w, "metrics.jsonl"))

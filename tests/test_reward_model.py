@@ -35,8 +35,8 @@ def test_outcome_reward_is_the_head_at_the_last_real_token_whatever_the_padding(
   expected = []
   for s in seqs:
     tokens = jnp.asarray([s])
-    hidden, _ = transformer.apply(params["backbone"], tokens, jnp.arange(len(s))[None],
-                                  tiny.cfg, return_hidden=True)
+    hidden, _ = jax.jit(transformer.apply, static_argnames=("cfg", "return_hidden"))(
+        params["backbone"], tokens, jnp.arange(len(s))[None], tiny.cfg, return_hidden=True)
     expected.append(float(heads.apply_scalar_head(params["head"], hidden[0, -1])))
   width = 8
   left = np.zeros((3, width), np.int32)
@@ -81,13 +81,15 @@ def test_frozen_layers_get_no_gradient_and_change_no_value(tiny):
   def reward(p, k):
     return rm_lib.outcome_rewards(p, tokens, mask, cfg=tiny.cfg, frozen_layers=k).sum()
 
+  # Jitted: eager, each op of the forward and backward would compile on its own.
+  grad = jax.jit(jax.grad(reward), static_argnums=1)
   np.testing.assert_allclose(reward(params, 1), reward(params, 0), rtol=1e-6)
-  grads = jax.grad(reward)(params, 1)
+  grads = grad(params, 1)
   assert not np.any(np.asarray(grads["backbone"]["embed"]))
   assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads["backbone"]["layers"][0]))
   assert np.any(np.asarray(grads["backbone"]["layers"][1]["wq"]))
   assert np.any(np.asarray(grads["head"]["w"]))
-  full = jax.grad(reward)(params, 0)
+  full = grad(params, 0)
   assert np.any(np.asarray(full["backbone"]["embed"]))
   with pytest.raises(ValueError, match="frozen_layers"):
     reward(params, tiny.cfg.n_layers + 1)

@@ -2,7 +2,6 @@
 Python loop that re-prefills each side's conversation, and role-conditioned advantages."""
 
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +17,11 @@ from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import multiturn, scoring, self_play
 from jaxrl_agents.rollout import sampler as sampler_lib
+
+# Jitted for the Python-loop references: eager, the prefill's forward would compile each
+# of its ops on its own, every turn.
+_prefill = jax.jit(sampler_lib.prefill, static_argnames=("cfg", "cache_len", "samples_per_prompt"))
+_decode = jax.jit(sampler_lib.decode, static_argnames=("cfg", "sampling", "keep_cache"))
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +160,10 @@ def _reference(model, env, template, tasks, rng, sampling, group_size, num_plies
       spoken[i] = moving[i] = True
     width = max(len(r) for r in rows)
     ids, mask = tokenizer_lib.pad_left(rows, 0, width)
-    context = sampler_lib.prefill(model.params, model.cfg, jnp.asarray(ids), jnp.asarray(mask),
-                                  cache_len=width + sampling.max_new_tokens)
-    out, _ = sampler_lib.decode(model.params, model.cfg, context, jax.random.fold_in(rng, k),
-                                sampling, active=jnp.asarray(moving))
+    context = _prefill(model.params, model.cfg, jnp.asarray(ids), jnp.asarray(mask),
+                       cache_len=width + sampling.max_new_tokens)
+    out, _ = _decode(model.params, model.cfg, context, jax.random.fold_in(rng, k),
+                     sampling, active=jnp.asarray(moving))
     ply = []
     for i in range(2 * games):
       reply = [int(t) for t in np.asarray(out.tokens[i])[: int(out.lengths[i])]]
@@ -221,7 +225,8 @@ def test_logprobs_recomputed_on_self_play_trajectories_equal_the_sampling_ones(t
                           jax.random.key(1), _sampling(tok, 1.0, n=6), group_size=2,
                           num_plies=4)
   traj = eps.traj.check()
-  recomputed, _ = scoring.policy_logprobs(tiny.params, tiny.cfg, traj)
+  recomputed, _ = jax.jit(scoring.policy_logprobs, static_argnames="cfg")(tiny.params, tiny.cfg,
+                                                                          traj)
   policy = np.asarray(traj.policy_mask)
   assert policy.sum() > 20
   np.testing.assert_allclose(np.asarray(recomputed)[policy],
@@ -332,7 +337,7 @@ def test_self_play_configs_are_refused_where_they_mean_nothing(tiny):
 
 
 @pytest.mark.slow
-def test_tiny_self_play_run_writes_both_sides_and_resumes_exactly(tmp_path):
+def test_tiny_self_play_run_writes_both_sides_and_resumes_exactly(tmp_path, crashed_copy):
   """The role baselines live in the train state: a run stopped after step 2 and resumed
   logs the same records (baselines included) as the uninterrupted run."""
   config = grpo_tic_tac_toe_self_play.get_config("tiny")
@@ -357,10 +362,8 @@ def test_tiny_self_play_run_writes_both_sides_and_resumes_exactly(tmp_path):
   # Each side's first message comes before its first reply: samples keep it apart.
   assert any(s.get("first_message", "").startswith("Tic-tac-toe. You are X")
              for s in train_samples)
-  # The workdir as a crash before the checkpoint of step 4 leaves it, resumed.
-  part = str(tmp_path / "part")
-  shutil.copytree(full, part)
-  shutil.rmtree(os.path.join(part, "checkpoints", "4"))
+  # The workdir as a crash after the checkpoint of step 2 leaves it, resumed.
+  part = crashed_copy(full, tmp_path / "part", 2)
   grpo.train(config, part, progress=False)
   strip = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
                       for r in rs]

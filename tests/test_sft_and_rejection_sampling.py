@@ -30,13 +30,14 @@ def test_sft_loss_is_the_replys_mean_nll_from_an_unpadded_forward():
   rows = [("2 + 3?", "5"), ("a longer question?", "a longer answer")]
   batch, _ = sft.encode_rows(model.tokenizer, [p for p, _ in rows], [c for _, c in rows],
                              max_len=128, chat=True, system=None)
-  loss, metrics = sft.sft_loss(model.params, batch, cfg=model.cfg)
+  loss, metrics = jax.jit(sft.sft_loss, static_argnames="cfg")(model.params, batch, cfg=model.cfg)
   nll, count = 0.0, 0
   for p, c in rows:
     ids, start = preferences.response_ids(model.tokenizer, p, c)
-    logits, _ = transformer.apply(model.params, jnp.asarray([ids]),
-                                  jnp.arange(len(ids))[None], model.cfg)
-    logp = jax.nn.log_softmax(logits[0], axis=-1)
+    # Jitted: eager, each op of the forward would compile on its own.
+    logits, _ = jax.jit(transformer.apply, static_argnames="cfg")(
+        model.params, jnp.asarray([ids]), jnp.arange(len(ids))[None], model.cfg)
+    logp = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
     nll -= float(sum(logp[t - 1, ids[t]] for t in range(start, len(ids))))
     count += len(ids) - start
   assert float(loss) == pytest.approx(nll / count, rel=1e-5)

@@ -429,7 +429,7 @@ def test_the_stacked_layout_gives_the_same_logits_and_gradients(remat):
     logits, _ = transformer.apply(p, tokens, positions, cfg, segment_ids=segments, **kw)
     return jnp.where(mask[..., None], jax.nn.log_softmax(logits), 0.0).sum() * -1e-3, logits
 
-  (l0, logits0), g0 = jax.value_and_grad(loss, has_aux=True)(params)
+  (l0, logits0), g0 = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
   (l1, logits1), g1 = jax.jit(jax.value_and_grad(
       lambda p: loss(p, remat=remat), has_aux=True))(stacked)
   np.testing.assert_allclose(np.asarray(logits1), np.asarray(logits0), rtol=1e-5, atol=1e-5)

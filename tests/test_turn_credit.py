@@ -170,6 +170,11 @@ def test_answer_logprobs_equal_a_forward_over_the_history_and_the_answer(scored)
   answer_logp = np.asarray(eps.answer_logp)
   assert answer_logp.shape == (P * G, K + 1)
   mask = np.asarray(traj.turn_mask)
+  # Every history + answer right-padded to one width: under causal attention the padding
+  # after them changes none of their logits, and one program serves every row and turn.
+  width = tokens.shape[1] + 2
+  forward = jax.jit(lambda ids: jax.nn.log_softmax(transformer.apply(
+      model.params, ids, jnp.arange(width)[None], model.cfg)[0][0].astype(jnp.float32), -1))
   for b in range(P * G):
     answer = env.answer(jnp.asarray([2, 11])[b // G])
     gold = np.asarray(answer.ids)[np.asarray(answer.mask)].tolist()
@@ -177,11 +182,9 @@ def test_answer_logprobs_equal_a_forward_over_the_history_and_the_answer(scored)
     for k in range(int(mask[b].sum())):  # before each turn the row played
       end = traj.reply_spans[k][0] if k < K else tokens.shape[1]
       history = tokens[b, :end][valid[b, :end]].tolist()
-      ids = jnp.asarray([history + gold])
-      logits, _ = transformer.apply(model.params, ids, jnp.arange(ids.shape[1])[None],
-                                    model.cfg)
-      logp = jax.nn.log_softmax(logits[0, len(history) - 1:-1].astype(jnp.float32), -1)
-      want = float(np.mean([logp[i, t] for i, t in enumerate(gold)]))
+      ids = history + gold
+      logp = np.asarray(forward(jnp.asarray([ids + [0] * (width - len(ids))])))
+      want = float(np.mean([logp[len(history) - 1 + i, t] for i, t in enumerate(gold)]))
       np.testing.assert_allclose(answer_logp[b, k], want, atol=1e-4, err_msg=f"row {b} k {k}")
   # Driving the turns from Python scores the same answers, up to each row's last turn (the
   # columns after it are undefined: nothing was asked there).
