@@ -24,12 +24,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # with each other and with independent references, which holds at any optimization
 # level. JAX_DISABLE_MOST_OPTIMIZATIONS=0 tests the optimized programs.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# The tests' multi-process runs start their processes on this one machine: process 0
-# compiles each program that spans the processes and hands it to the others through
-# jax.distributed's key-value store, instead of every process compiling it (on two
-# cores, the processes of a run would otherwise compile side by side). JAX does this
-# only where the persistent cache is on, as it is in every experiment's run.
-os.environ.setdefault("JAX_SHARE_BINARY_BETWEEN_HOSTS", "1")
 
 import shutil  # noqa: E402
 
