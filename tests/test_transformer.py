@@ -116,9 +116,9 @@ def test_shared_prefix_pass_equals_the_prefill_then_its_repeated_cache(model, pr
                                atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
   # Stacked q/k/v and gate/up weights (`fuse_projections`), through the config's member.
-  got_prefix, got = cfg.apply_shared_prefix(transformer.fuse_projections(params), prefix,
-                                            prefix_positions, prefix_segments, tokens, positions,
-                                            segments, group_size=g)
+  got_prefix, got = jax.jit(lambda fused: cfg.apply_shared_prefix(
+      fused, prefix, prefix_positions, prefix_segments, tokens, positions, segments,
+      group_size=g))(transformer.fuse_projections(params))
   np.testing.assert_allclose(np.asarray(got_prefix) * real, np.asarray(want_prefix) * real,
                              atol=2e-5, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
