@@ -152,6 +152,7 @@ def test_dpo_raises_the_held_out_log_ratio_margin_on_the_tiny_model(tmp_path):
 def test_tiny_generated_pairs_run_writes_every_artifact_and_resumes_exactly(tmp_path,
                                                                           crashed_copy):
   config = dpo_arithmetic.get_config("tiny")
+  config.keep_checkpoints = 4  # the resume below starts from step 2's
   full = str(tmp_path / "full")
   result = dpo.train(config, full, progress=False)
   for name in ("config.json", "metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard",

@@ -102,6 +102,7 @@ def test_process_reward_model_learns_a_learnable_step_signal_on_the_tiny_model(t
 def test_tiny_generated_steps_run_writes_every_artifact_and_resumes_exactly(tmp_path,
                                                                           crashed_copy):
   config = process_reward_model_arithmetic.get_config("tiny")
+  config.keep_checkpoints = 4  # the resume below starts from step 2's
   full = str(tmp_path / "full")
   result = prm_experiment.train(config, full, progress=False)
   for name in ("config.json", "metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard",
