@@ -47,8 +47,8 @@ exec 3>&1
 # The embedded model is fetched and converted once, before the lanes could race to it.
 .venv/bin/python -c "from jaxrl_agents.models import zoo; zoo.smollm2_dir()"
 # Lanes balanced by the groups' times (seconds on a 2-core Zen 3, AVX2, in two lanes,
-# 2026-11-29, before the three mends to the slowest tests that day):
-# [d-e] 1781, [s] 1831 | [f-m] 1731, [n-r] 790, [t-z] 720, [a-c] 165
+# 2026-11-29, the whole suite 41 minutes):
+# [d-e] 1235, [s] 1192 | [f-m] 1090, [n-r] 712, [t-z] 518, [a-c] 125
 lane_a=("[d-e]" "[s]")
 lane_b=("[f-m]" "[n-r]" "[t-z]" "[a-c]")
 if [ "$lanes" = 1 ]; then
