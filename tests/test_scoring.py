@@ -12,12 +12,9 @@ from jaxrl_agents.rollout import sampler as sampler_lib
 from jaxrl_agents.rollout import scoring, shapes
 from jaxrl_agents.rollout.scoring import policy_logprobs, token_logprobs
 
-
-def _jitted(fn):
-  """`fn` under jit. Called eagerly, a forward or its gradient runs op by op, each op
-  compiled on its own: about 900 small compiles, most of a test's time. A new jitted
-  function per call, so a test that patches the code traces it afresh."""
-  return jax.jit(fn)
+# Model calls below run under jax.jit: eagerly, a forward or its gradient compiles each op on
+# its own (877 compiles in one test). A new jitted lambda per call, so a test that patches
+# the code traces it afresh.
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -31,7 +28,7 @@ def test_scoring_matches_the_sampling_distribution(tiny_model, temperature):
                              jax.random.key(1), sampling)
   traj = types.single_turn(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask,
                            out.sampling_logprobs).check()
-  logp, entropy = _jitted(lambda p, t: policy_logprobs(
+  logp, entropy = jax.jit(lambda p, t: policy_logprobs(
       p, cfg, t, temperature=temperature, with_entropy=True))(params, traj)
   assert logp.shape == traj.tokens.shape
   np.testing.assert_allclose(np.asarray(logp), np.asarray(traj.sampling_logprobs), atol=3e-5)
@@ -72,9 +69,9 @@ def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size, o
   completion = jnp.where(m, out.tokens, 0)
   batch = types.single_turn(jnp.repeat(tokens, group_size, 0), jnp.repeat(mask, group_size, 0),
                             completion, jnp.asarray(m), out.logprobs)
-  full_logp, full_ent = _jitted(lambda p, b: policy_logprobs(
+  full_logp, full_ent = jax.jit(lambda p, b: policy_logprobs(
       p, cfg, b, with_entropy=True))(params, batch)
-  shared_logp, shared_ent = _jitted(lambda p, b: policy_logprobs(
+  shared_logp, shared_ent = jax.jit(lambda p, b: policy_logprobs(
       p, cfg, b, with_entropy=True, group_size=group_size))(params, batch)
   np.testing.assert_allclose(shared_logp, full_logp, atol=2e-5)
   policy = np.asarray(batch.policy_mask)
@@ -89,8 +86,8 @@ def test_shared_prompt_scoring_equals_the_full_forward(tiny_model, group_size, o
     logp, _ = policy_logprobs(p, cfg, batch, group_size=g)
     return jnp.sum(logp * weights)
 
-  full_grad = _jitted(jax.grad(lambda p: objective(p, 1)))(params)
-  shared_grad = _jitted(jax.grad(lambda p: objective(p, group_size)))(params)
+  full_grad = jax.jit(jax.grad(lambda p: objective(p, 1)))(params)
+  shared_grad = jax.jit(jax.grad(lambda p: objective(p, group_size)))(params)
   for a, b in zip(jax.tree.leaves(full_grad), jax.tree.leaves(shared_grad), strict=True):
     np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(shared_grad)) > 1e-3
@@ -131,7 +128,7 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
   assert scoring.can_pack(cfg, traj, group_size)
   slots = scoring.packed_slots(traj, rows=rows, group_size=group_size)
   assert policy.sum() <= slots <= rows * n
-  want_logp, want_ent = _jitted(lambda p, t: policy_logprobs(
+  want_logp, want_ent = jax.jit(lambda p, t: policy_logprobs(
       p, cfg, t, with_entropy=True, group_size=group_size))(params, traj)
   packed = jax.jit(_packed_logprobs, static_argnums=(1, 3, 4))
   stacked = transformer.stack_layers(params)
@@ -152,7 +149,7 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
   np.testing.assert_allclose(logp[:, :8 + n], np.where(policy, want_logp, 0.0), atol=2e-5)
   assert np.all(np.asarray(logp)[:, 8 + n:] == 0) and np.all(np.asarray(ent)[:, 8 + n:] == 0)
   # Too few slots: the packing says its values are incomplete.
-  complete = lambda m: _jitted(lambda p, t: scoring.packed_policy_logits(
+  complete = lambda m: jax.jit(lambda p, t: scoring.packed_policy_logits(
       p, cfg, t, group_size=group_size, slots=m)[1].complete)(params, traj)
   assert bool(complete(int(policy.sum()))) and not bool(complete(int(policy.sum()) - 1))
   with pytest.raises(ValueError, match="group_size >= 2, got 1"):
@@ -161,9 +158,9 @@ def test_packed_scoring_equals_the_padded_rows(tiny_model, group_size):
       np.asarray(want_logp)[policy]).sum()), rtol=1e-5)
 
   weights = jax.random.normal(jax.random.key(0), policy.shape)
-  padded_grad = _jitted(jax.grad(lambda p: jnp.sum(policy_logprobs(
+  padded_grad = jax.jit(jax.grad(lambda p: jnp.sum(policy_logprobs(
       p, cfg, traj, group_size=group_size)[0] * weights)))(params)
-  packed_grad = _jitted(jax.grad(lambda p: jnp.sum(_packed_logprobs(
+  packed_grad = jax.jit(jax.grad(lambda p: jnp.sum(_packed_logprobs(
       p, cfg, traj, group_size, slots)[0] * weights)))(params)
   for a, b in zip(jax.tree.leaves(padded_grad), jax.tree.leaves(packed_grad), strict=True):
     np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
@@ -245,10 +242,10 @@ def test_multi_turn_scoring_skips_gaps_and_environment_tokens(tiny_model, group_
     traj = traj.replace(tokens=traj.tokens.at[1, :4].set(traj.tokens[0, :4]),
                         valid=traj.valid.at[1, :4].set(traj.valid[0, :4]))
     compact[1] = ([5, 9, 14] + compact[1][0][4:], [False] * 3 + compact[1][1][4:])
-  logp, _ = _jitted(lambda p, t: policy_logprobs(p, cfg, t, group_size=group_size))(params,
+  logp, _ = jax.jit(lambda p, t: policy_logprobs(p, cfg, t, group_size=group_size))(params,
                                                                                       traj)
   policy = np.asarray(traj.policy_mask)
-  apply = _jitted(lambda p, ids, pos: transformer.apply(p, ids, pos, cfg))
+  apply = jax.jit(lambda p, ids, pos: transformer.apply(p, ids, pos, cfg))
   for i, (ids, sampled) in enumerate(compact):
     logits, _ = apply(params, jnp.asarray([ids]), jnp.arange(len(ids))[None])
     ref = jax.nn.log_softmax(logits[0, :-1], axis=-1)
