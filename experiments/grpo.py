@@ -38,7 +38,7 @@ from jaxrl_agents.losses import aggregation as aggregation_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import lm
-from jaxrl_agents.rollout import scoring, self_play
+from jaxrl_agents.rollout import scoring, self_play, shapes
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,12 @@ class GRPOSettings:
     pack_width: the reply columns a packed batch is padded to (the sampling budget; 0:
       its trimmed width). A packed program costs what its slots cost, so at one width
       one program per slot count serves every trimmed width the rollouts move through.
+    pack_compile_ahead: after each update, the packed programs for the next this many
+      slot counts below the batch's (or below the padded rows' threshold) start
+      compiling in the background (`precompile.py`), during the next rollout, which
+      leaves a core idle on XLA:CPU: replies shorten as a run learns, and each new
+      slot count would otherwise stop the run for its compile. The same programs either
+      way, so the same results; 0: each compiles when a batch first needs it.
     drop_tied_groups: the update leaves out the kept groups whose rewards tie
       (`without_tied_groups`): the token mean is over the groups that vary, and a
       packed update pays for their replies only (a KL or entropy term loses the
@@ -128,6 +134,7 @@ class GRPOSettings:
   pack_replies: bool = False
   pack_below: float = 0.5
   pack_width: int = 0
+  pack_compile_ahead: int = 0
   drop_tied_groups: bool = False
   skip_zero_advantage_rows: bool = False
   kl_controller: str = "fixed"
@@ -231,6 +238,7 @@ def settings_from_config(config) -> GRPOSettings:
       pack_replies=config.get("share_prompt", False) and config.get("pack_replies", False),
       pack_below=float(config.get("pack_below", GRPOSettings.pack_below)),
       pack_width=int(config.get("max_new_tokens", 0)),
+      pack_compile_ahead=int(config.get("pack_compile_ahead", 0)),
       drop_tied_groups=bool(config.get("drop_tied_groups", False)),
       skip_zero_advantage_rows=bool(config.get("skip_zero_advantage_rows", False)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
@@ -627,11 +635,41 @@ class GRPO:
 
   def update(self, state, batch, rng, progress):
     state, metrics = self._update_policy(state, batch, rng, progress)
+    if self.settings.pack_compile_ahead:
+      self._compile_ahead(state, batch, rng)
     # Which compiled program the step ran: its packed slots (0: padded rows) and its reply
     # width (the rollout's trimmed one, or `pack_width` where packed).
     return state, {**metrics, "update_slots": 0 if batch.packed_slots is None
                    else batch.packed_slots.shape[0],
                    "update_width": batch.traj.tokens.shape[1] - batch.traj.prompt_width}
+
+  def _compile_ahead(self, state, batch: GRPOBatch, rng) -> None:
+    """Starts compiling the update for the `pack_compile_ahead` packed slot counts next
+    below this batch's (below the padded rows' threshold where it scored padded rows),
+    shaped like this step's arguments: the next step's are shaped so but for the slots.
+    One device only (a compiled program's placement is fixed)."""
+    s, traj = self.settings, batch.traj
+    if (not self._can_pack(traj) or jax.process_count() > 1
+        or len(traj.tokens.sharding.device_set) > 1):
+      return
+    rows = traj.tokens.shape[0] // s.minibatches
+    width = traj.tokens.shape[1] - traj.prompt_width
+    below = (batch.packed_slots.shape[0] if batch.packed_slots is not None
+             else int(s.pack_below * rows * width) + 1)
+    counts = shapes.half_octaves_below(below, s.pack_compile_ahead, minimum=rows)
+    if not counts:
+      return
+    spec = precompile.spec_of(batch._replace(reward_pairs=None))
+    if width != s.pack_width:  # a padded batch at its trimmed width: a packed one is wider
+      wide, advantages = jax.eval_shape(lambda t, a: padded_replies(t, a, s.pack_width),
+                                        spec.traj, spec.advantages)
+      columns = jax.ShapeDtypeStruct(wide.tokens.shape, jnp.float32)
+      spec = spec._replace(traj=wide, advantages=advantages, old_logp=columns,
+                           ref_logp=columns)
+    for count in counts:
+      self._update.start(state._replace(reward_model=None),
+                         spec._replace(packed_slots=jax.ShapeDtypeStruct((count,), jnp.bool_)),
+                         rng, jax.ShapeDtypeStruct((), jnp.float32))
 
   def _update_policy(self, state, batch, rng, progress):
     if self.beside is None:
@@ -733,6 +771,10 @@ def validate(config) -> None:
   if not 0.0 < settings.pack_below <= 1.0:  # NaN fails too
     raise ValueError(f"pack_below {settings.pack_below} must be in (0, 1]: the fraction of "
                      "the padded rows' reply columns under which a batch packs (1: always)")
+  ahead = config.get("pack_compile_ahead", 0)
+  if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+    raise ValueError(f"pack_compile_ahead {ahead!r} must be an int >= 0: how many packed "
+                     "slot counts to compile ahead of need (0: none)")
 
 
 def _validate_role_advantage(config) -> None:

@@ -125,7 +125,9 @@ RESUMABLE_CHANGES = frozenset({
     # differ by float summation order only).
     "mesh.data", "mesh.fsdp", "mesh.tensor",
     # A safety limit: it changes a result only for a reply whose reward stalls.
-    "reward_time_limit_s"})
+    "reward_time_limit_s",
+    # When programs compile, not what they compute.
+    "pack_compile_ahead"})
 
 # Keys added to the configs after runs existed, and the value that reproduces
 # those runs: a checkpoint whose config lacks one resumes under that value.
@@ -135,7 +137,8 @@ BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": 
                      "generation.answer_swaps": 0, "layout": "list", "remat": "none",
                      "overlap": False, "off_policy.correction": "none", "off_policy.cap": 2.0,
                      "pack_replies": False, "pack_below": 1.0, "optimizer.decay_over": 1.0,
-                     "drop_tied_groups": False, "skip_zero_advantage_rows": False}
+                     "drop_tied_groups": False, "skip_zero_advantage_rows": False,
+                     "pack_compile_ahead": 0}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",

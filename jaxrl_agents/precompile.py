@@ -19,6 +19,11 @@ program, compiled once). The compiled executable is kept and reused for its
 shapes: calling the jitted function again for them would trace and lower it
 again (seconds for a 30-layer update), even with the compile itself cached.
 
+Compiles may be started on a guess (shapes a run will likely reach later):
+one the thread has not begun when a call needs it is withdrawn and the call
+compiles on its own thread, rather than waiting behind the guesses queued
+before it; a start for shapes already called does nothing.
+
 One device only: the compiled executable takes the default placement.
 """
 
@@ -86,6 +91,8 @@ def _submit(fn: Callable[[], Any]) -> concurrent.futures.Future:
 def _work(jobs: queue.Queue) -> None:
   while True:
     fn, future = jobs.get()
+    if not future.set_running_or_notify_cancel():
+      continue  # withdrawn before it began (`Precompiled.__call__`)
     try:
       future.set_result(fn())
     except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
@@ -104,20 +111,28 @@ class Precompiled:
     self._jitted = jitted
     self._name = name
     self._compiled: dict[Signature, concurrent.futures.Future] = {}
+    self._called: set[Signature] = set()  # shapes the jitted function compiled on call
     self.hits = 0  # calls answered by an ahead-of-time compile (tests and logs read it)
+    self.withdrawn = 0  # started compiles a call needed before the thread began them
 
   def start(self, *args, **kwargs) -> None:
     """Begins compiling for arguments shaped like these (returns at once; a second start
-    for the same shapes does nothing)."""
+    for the same shapes, or a start for shapes already called, does nothing)."""
     key = signature(args, kwargs)
-    if key in self._compiled:
+    if key in self._compiled or key in self._called:
       return
     args, kwargs = spec_of((args, kwargs))
     self._compiled[key] = _submit(lambda: self._jitted.trace(*args, **kwargs).lower().compile())
 
   def __call__(self, *args, **kwargs):
-    future = self._compiled.get(signature(args, kwargs)) if self._compiled else None
+    key = signature(args, kwargs)
+    future = self._compiled.get(key)
+    if future is not None and future.cancel():  # still queued: compiling here is sooner
+      del self._compiled[key]
+      self.withdrawn += 1
+      future = None
     if future is None:
+      self._called.add(key)
       return self._jitted(*args, **kwargs)
     try:
       compiled = future.result()

@@ -189,6 +189,47 @@ def test_packed_replies_engage_where_they_apply():
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
 
 
+def _one_reply_rollout(b: int, n: int, longest: int) -> rl_loop.Rollout:
+  """b rows of replies of 1..longest tokens (of n columns), rewards alternating 0/1."""
+  lengths = np.arange(b) % longest + 1
+  rewards = (np.arange(b) % 2).astype(np.float32)
+  traj = types.with_outcome(types.single_turn(
+      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool), jnp.full((b, n), 3, jnp.int32),
+      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
+  return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+                         completions=[""] * b, rewards=rewards,
+                         components={"reward": rewards}, correct=rewards)
+
+
+def test_packed_programs_compiled_ahead_answer_the_next_batches():
+  """config.pack_compile_ahead: after an update, the programs for the next slot counts
+  below compile in the background; a later batch of one of them runs that program, and the
+  updates are those of compiling on call (the same programs)."""
+  runs = {}
+  for ahead in (0, 2):
+    config = grpo_arithmetic.get_config("tiny")
+    config.pack_replies, config.pack_below, config.pack_compile_ahead = True, 1.0, ahead
+    b, n = config.prompts_per_step * config.group_size, config.max_new_tokens
+    algorithm = grpo.GRPO(config, zoo.load("tiny").cfg)
+    state = algorithm.init_state(zoo.load("tiny").params, jax.random.key(0))
+    state, slots = state._replace(updates=jnp.int32(3)), []
+    for i, longest in enumerate((n, 7, 7)):  # replies shorten: 96 slots, then 48
+      batch = algorithm.prepare(state, _one_reply_rollout(b, n, longest), jax.random.key(1))
+      state, metrics = algorithm.update(state, batch, jax.random.key(2 + i), 0.1)
+      algorithm._update.wait()
+      slots.append(metrics["update_slots"])
+    runs[ahead] = (slots, state.params, algorithm._update.hits)
+  (want_slots, want, none), (got_slots, got, hits) = runs[0], runs[2]
+  assert want_slots == got_slots == [96, 48, 48]
+  # Compiled ahead after the first update (64 and 48 slots): both 48-slot updates ran it.
+  assert (none, hits) == (0, 2)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(a, b)
+  config.pack_compile_ahead = -1
+  with pytest.raises(ValueError, match="pack_compile_ahead"):
+    grpo.validate(config)
+
+
 def test_a_packed_batch_runs_at_the_reply_budgets_width():
   """A packed batch is padded to max_new_tokens reply columns, so one program per slot
   count serves every trimmed width; a padded-rows batch keeps its trimmed width."""

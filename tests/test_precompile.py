@@ -4,6 +4,7 @@ compiles fall back to the jitted function, donation holds, and a GRPO run whose 
 was compiled during its first rollout logs what a run without it logs."""
 
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,31 @@ def test_a_failed_compile_falls_back_and_its_error_is_not_swallowed(caplog):
   assert "ahead-of-time compile of picky failed" in caplog.text
   np.testing.assert_array_equal(f(jnp.ones(2)), [2.0, 2.0])
   assert f.hits == 0
+
+
+def test_a_queued_compile_a_call_needs_is_withdrawn_and_compiled_on_call():
+  """A guess queued behind another compile does not make a call wait for both: the call
+  compiles on its own thread; a later start for shapes already called does nothing."""
+  gate = threading.Event()
+
+  def slow(x):  # traced in the compile thread: holds it until the gate opens
+    gate.wait(timeout=60)
+    return x - 1
+
+  busy = precompile.Precompiled(jax.jit(slow), "slow")
+  busy.start(jax.ShapeDtypeStruct((5,), jnp.float32))
+  f = precompile.Precompiled(jax.jit(lambda x: x * 3), "triple")
+  f.start(jax.ShapeDtypeStruct((4,), jnp.float32))  # queued behind the slow one
+  try:
+    np.testing.assert_array_equal(f(jnp.ones(4)), [3.0] * 4)
+    assert (f.hits, f.withdrawn) == (0, 1)
+    f.start(jax.ShapeDtypeStruct((4,), jnp.float32))  # compiled on call already
+    assert not f._compiled
+  finally:
+    gate.set()
+  busy.wait()
+  np.testing.assert_array_equal(busy(jnp.ones(5)), [0.0] * 5)
+  assert busy.hits == 1
 
 
 def _untimed(workdir):

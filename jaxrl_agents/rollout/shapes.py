@@ -49,3 +49,13 @@ def half_octave(n: int, minimum: int = 16) -> int:
   them), at least `minimum`."""
   p = power_of_two(n, minimum)
   return max(minimum, p * 3 // 4) if n <= p * 3 // 4 else p
+
+
+def half_octaves_below(n: int, count: int, minimum: int = 16) -> list[int]:
+  """The `count` largest `half_octave` values under n, largest first, none under
+  `half_octave(minimum)`: the slot counts a packed batch moves down to as replies shorten."""
+  values, v = [], half_octave(minimum, minimum)
+  while v < n:
+    values.append(v)
+    v = half_octave(v + 1, minimum)
+  return values[::-1][:count]
