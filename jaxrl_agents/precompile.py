@@ -29,6 +29,7 @@ One device only: the compiled executable takes the default placement.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
 import queue
@@ -67,6 +68,7 @@ def spec_of(tree):
 
 
 _QUEUE: queue.Queue | None = None
+_RUNNING: concurrent.futures.Future | None = None  # the compile the thread is in
 # The background compile thread's name: the run harness counts the compile time spent
 # in it apart (metrics `background_compile_time_s`).
 THREAD_NAME = "precompile"
@@ -77,26 +79,48 @@ def _submit(fn: Callable[[], Any]) -> concurrent.futures.Future:
 
   One thread, so compiles queue in the order they were started (the first one
   needed first) and use one core at most. A daemon thread: a run stopping
-  (preemption) does not wait for a compile it will never use.
+  (preemption) does not wait for the compiles queued; at exit it waits for the one
+  under way only (`_drain`).
   """
   global _QUEUE
   if _QUEUE is None:
     _QUEUE = queue.Queue()
     threading.Thread(target=_work, args=(_QUEUE,), name=THREAD_NAME, daemon=True).start()
+    atexit.register(_drain, _QUEUE)
   future = concurrent.futures.Future()
   _QUEUE.put((fn, future))
   return future
 
 
 def _work(jobs: queue.Queue) -> None:
+  global _RUNNING
   while True:
     fn, future = jobs.get()
     if not future.set_running_or_notify_cancel():
-      continue  # withdrawn before it began (`Precompiled.__call__`)
+      continue  # withdrawn before it began (`Precompiled.__call__`), or the process exits
+    _RUNNING = future
     try:
       future.set_result(fn())
     except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
       future.set_exception(e)
+    finally:
+      _RUNNING = None
+
+
+def _drain(jobs: queue.Queue) -> None:
+  """At exit: withdraws the queued compiles and waits for the one under way, which would
+  otherwise still be inside the compiler while the interpreter and the backend shut down
+  (a crash at exit, after the run's work is saved). Compiles started on a guess
+  (GRPO's `pack_compile_ahead`) may still be queued when a run ends."""
+  while True:
+    try:
+      _, future = jobs.get_nowait()
+    except queue.Empty:
+      break
+    future.cancel()
+  running = _RUNNING
+  if running is not None:
+    concurrent.futures.wait([running])
 
 
 class Precompiled:

@@ -4,6 +4,8 @@ compiles fall back to the jitted function, donation holds, and a GRPO run whose 
 was compiled during its first rollout logs what a run without it logs."""
 
 import os
+import subprocess
+import sys
 import threading
 
 import jax
@@ -87,6 +89,34 @@ def test_a_queued_compile_a_call_needs_is_withdrawn_and_compiled_on_call():
   busy.wait()
   np.testing.assert_array_equal(busy(jnp.ones(5)), [0.0] * 5)
   assert busy.hits == 1
+
+
+_EXIT_DURING_A_COMPILE = """
+import time
+import jax
+import jax.numpy as jnp
+from jaxrl_agents import precompile
+
+def chain(x):
+  for _ in range(200):
+    x = jnp.sin(x) @ x
+  return x
+
+f = precompile.Precompiled(jax.jit(chain), "chain")
+for n in (64, 65, 66):  # the first compiling, two queued
+  f.start(jax.ShapeDtypeStruct((n, n), jnp.float32))
+time.sleep(0.5)
+print("done")
+"""
+
+
+def test_a_process_that_ends_during_a_compile_exits_cleanly():
+  """The compile under way is waited for and the queued ones withdrawn: a compile still in
+  XLA while the interpreter shuts down aborts the process (exit code 134)."""
+  done = subprocess.run([sys.executable, "-c", _EXIT_DURING_A_COMPILE], capture_output=True,
+                        text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "done"
 
 
 def _untimed(workdir):
