@@ -100,10 +100,11 @@ class GRPOSettings:
       one program per slot count serves every trimmed width the rollouts move through.
     pack_compile_ahead: after each update, the packed programs for the next this many
       slot counts below the batch's (or below the padded rows' threshold) start
-      compiling in the background (`precompile.py`), during the next rollout, which
-      leaves a core idle on XLA:CPU: replies shorten as a run learns, and each new
-      slot count would otherwise stop the run for its compile. The same programs either
-      way, so the same results; 0: each compiles when a batch first needs it.
+      compiling in the background (`precompile.py`) while the next steps run: replies
+      shorten as a run learns, and each new slot count would otherwise stop the run for
+      its compile. Not free on a 2-core CPU (the steps beside a compile run slower; README,
+      "Packed replies"). The same programs either way, so the same results; 0: each
+      compiles when a batch first needs it.
     drop_tied_groups: the update leaves out the kept groups whose rewards tie
       (`without_tied_groups`): the token mean is over the groups that vary, and a
       packed update pays for their replies only (a KL or entropy term loses the

@@ -189,12 +189,15 @@ def test_packed_replies_engage_where_they_apply():
   assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
 
 
-def _one_reply_rollout(b: int, n: int, longest: int) -> rl_loop.Rollout:
-  """b rows of replies of 1..longest tokens (of n columns), rewards alternating 0/1."""
+def _one_reply_rollout(b: int, n: int, longest: int, rewards=None,
+                       tokens=None) -> rl_loop.Rollout:
+  """b rows of 8 prompt tokens and replies of 1..longest tokens (of n columns); rewards
+  alternating 0/1 unless given (every group's rewards vary)."""
   lengths = np.arange(b) % longest + 1
-  rewards = (np.arange(b) % 2).astype(np.float32)
+  rewards = (np.arange(b) % 2).astype(np.float32) if rewards is None else rewards
+  tokens = jnp.full((b, n), 3, jnp.int32) if tokens is None else tokens
   traj = types.with_outcome(types.single_turn(
-      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool), jnp.full((b, n), 3, jnp.int32),
+      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool), tokens,
       jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
   return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
                          completions=[""] * b, rewards=rewards,
@@ -238,14 +241,8 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
   model = zoo.load("tiny")
   b, n = config.prompts_per_step * config.group_size, 8
   assert n < config.max_new_tokens
-  lengths = np.arange(b) % n + 1
-  rewards = (np.arange(b) % 2).astype(np.float32)  # every group's rewards vary
-  traj = types.with_outcome(types.single_turn(
-      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool), jnp.ones((b, n), jnp.int32),
-      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
-  rollout = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
-                            completions=[""] * b, rewards=rewards,
-                            components={"reward": rewards}, correct=rewards)
+  rollout = _one_reply_rollout(b, n, n)
+  traj = rollout.traj
   widths = {}
   for pack_below in (1.0, 0.1):  # packs; saves too little to pack
     config.pack_below = pack_below
@@ -265,16 +262,10 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
 def _rollout_with_a_tied_group(g: int, b: int, n: int, tie: float) -> rl_loop.Rollout:
   """b rows in groups of g with replies of 1..n tokens; rewards alternate 0/1, but the
   second group's all equal `tie`."""
-  lengths = np.arange(b) % n + 1
   rewards = (np.arange(b) % 2).astype(np.float32)
   rewards[g:2 * g] = tie
-  traj = types.with_outcome(types.single_turn(
-      jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool),
-      jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
-      jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
-  return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
-                         completions=[""] * b, rewards=rewards,
-                         components={"reward": rewards}, correct=rewards)
+  return _one_reply_rollout(b, n, n, rewards,
+                            jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32))
 
 
 def test_tied_groups_leave_the_update_and_its_token_mean():
