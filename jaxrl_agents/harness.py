@@ -127,7 +127,9 @@ RESUMABLE_CHANGES = frozenset({
     # A safety limit: it changes a result only for a reply whose reward stalls.
     "reward_time_limit_s",
     # When programs compile, not what they compute.
-    "pack_compile_ahead"})
+    "pack_compile_ahead",
+    # Decoding's row count as replies finish: the same replies up to float rounding.
+    "compact_min_rows"})
 
 # Keys added to the configs after runs existed, and the value that reproduces
 # those runs: a checkpoint whose config lacks one resumes under that value.
@@ -138,7 +140,7 @@ BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": 
                      "overlap": False, "off_policy.correction": "none", "off_policy.cap": 2.0,
                      "pack_replies": False, "pack_below": 1.0, "optimizer.decay_over": 1.0,
                      "drop_tied_groups": False, "skip_zero_advantage_rows": False,
-                     "pack_compile_ahead": 0}
+                     "pack_compile_ahead": 0, "compact_min_rows": 0}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",

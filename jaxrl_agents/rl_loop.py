@@ -168,13 +168,14 @@ def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[st
 
 def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
              batch_size: int, max_new_tokens: int, template: str, chat: bool,
-             system: str | None, reward_fn: RewardFn, grader, overflow: str = "error"
-             ) -> tuple[dict, list[dict]]:
-  """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples."""
+             system: str | None, reward_fn: RewardFn, grader, overflow: str = "error",
+             compact_min_rows: int = 0) -> tuple[dict, list[dict]]:
+  """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples.
+  `compact_min_rows`: the SamplingConfig's (decoding goes on with the unfinished rows)."""
   sampling = sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, temperature=0.0,
       stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
-      pad_id=model.tokenizer.pad_token_id)
+      pad_id=model.tokenizer.pad_token_id, compact_min_rows=compact_min_rows)
   completions, used, prompts_truncated = [], [], 0
   for start in range(0, len(examples), batch_size):
     chunk = list(examples[start:start + batch_size])
@@ -246,16 +247,17 @@ class Collect(Protocol):
 
 
 def sampling_from_config(config, tok, greedy: bool = False) -> sampler_lib.SamplingConfig:
-  """The rollouts' SamplingConfig (config.max_new_tokens, temperature, top_p, top_k), or with
-  greedy the evaluation's (temperature 0)."""
+  """The rollouts' SamplingConfig (config.max_new_tokens, temperature, top_p, top_k,
+  compact_min_rows), or with greedy the evaluation's (temperature 0)."""
   stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
+  compact = config.get("compact_min_rows", 0)
   if greedy:
     return sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
-                                      stop_tokens=stop, pad_id=pad)
+                                      stop_tokens=stop, pad_id=pad, compact_min_rows=compact)
   return sampler_lib.SamplingConfig(
       max_new_tokens=config.max_new_tokens, temperature=config.temperature,
       top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
-      pad_id=pad)
+      pad_id=pad, compact_min_rows=compact)
 
 
 def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grader,
@@ -293,7 +295,7 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
   def run_eval(params):
     return evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
                     max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
-                    **prompt_kwargs)
+                    compact_min_rows=config.get("compact_min_rows", 0), **prompt_kwargs)
 
   return collect, run_eval if eval_examples else None
 

@@ -307,3 +307,53 @@ def test_stacked_layers_sample_what_the_list_layout_samples(tiny_model):
   np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
   np.testing.assert_allclose(np.asarray(outs[0].logprobs), np.asarray(outs[1].logprobs),
                              atol=1e-5)
+
+
+def test_compaction_sizes_halve_down_to_the_floor():
+  sizes = sampler_lib.compaction_sizes
+  assert sizes(64, 8) == [64, 32, 16, 8]
+  assert sizes(64, 0) == [64]  # off
+  assert sizes(48, 8) == [48, 24, 12]  # 6 is under the floor
+  assert sizes(6, 8) == [6]
+  assert sizes(40, 1) == [40, 20, 10, 5]  # an odd count is not halved
+  with pytest.raises(ValueError, match="compact_min_rows"):
+    sampler_lib.SamplingConfig(compact_min_rows=-1)
+  with pytest.raises(ValueError, match="compact_min_rows"):
+    sampler_lib.SamplingConfig(compact_min_rows=2.0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_compacted_decoding_samples_what_the_whole_batch_samples(tiny_model, temperature):
+  """Decoding on with only the unfinished rows (at 16, 8, 4 rows) gives every row the
+  tokens, lengths and log-probabilities it gets when all 16 rows run to the end."""
+  params, cfg = tiny_model.params, tiny_model.cfg
+  tokens, mask = tokenizer_lib.pad_left([[5, 9, 14, 20, 31], [7, 3], [100, 101], [60]],
+                                        pad_id=0, length=8)
+  # An eighth of the vocabulary stops a reply, so the rows finish at varied steps; the
+  # inactive rows (finished from the start) make the batch shrink from the first step.
+  stops = tuple(range(1, cfg.vocab_size, 8))
+  active = jnp.asarray([True] * 12 + [False] * 4)
+  outs = []
+  for compact in (0, 4):
+    sampling = sampler_lib.SamplingConfig(max_new_tokens=24, temperature=temperature,
+                                          stop_tokens=stops, pad_id=0,
+                                          compact_min_rows=compact)
+
+    @jax.jit
+    def run(params, tokens, mask, sampling=sampling):
+      context = sampler_lib.prefill(params, cfg, tokens, mask, cache_len=32,
+                                    samples_per_prompt=4)
+      return sampler_lib.decode(params, cfg, context, jax.random.key(7), sampling,
+                                active=active)[0]
+
+    jaxpr = str(jax.make_jaxpr(run)(params, jnp.asarray(tokens), jnp.asarray(mask)))
+    assert jaxpr.count("while[") == (3 if compact else 1)  # one loop per row count
+    outs.append(jax.device_get(run(params, jnp.asarray(tokens), jnp.asarray(mask))))
+  whole, compacted = outs
+  lengths = whole.lengths.tolist()
+  assert lengths[12:] == [0] * 4 and len(set(lengths[:12])) >= 3 and max(lengths) > 4
+  np.testing.assert_array_equal(compacted.tokens, whole.tokens)
+  np.testing.assert_array_equal(compacted.lengths, whole.lengths)
+  np.testing.assert_array_equal(compacted.mask, whole.mask)
+  np.testing.assert_allclose(compacted.logprobs, whole.logprobs, atol=1e-5)
+  np.testing.assert_allclose(compacted.sampling_logprobs, whole.sampling_logprobs, atol=1e-5)

@@ -123,6 +123,10 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.temperature = 0.8
   c.top_p = 1.0
   c.top_k = 0
+  # 0, or decoding goes on with just the unfinished rows once at most half are left,
+  # halving down to this many rows (SamplingConfig.compact_min_rows): the same replies up
+  # to float rounding, the long replies no longer paying for the finished rows.
+  c.compact_min_rows = 0
 
   # Objective (names from the registry; see docs/objectives.md). The advantage is a
   # "group_advantage" over the total rewards, or a "component_advantage" (gdpo) over

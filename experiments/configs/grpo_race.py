@@ -168,6 +168,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Compile the packed update for the next two slot counts below each batch's in the
   # background: the same updates, less of the budget stopped for compiles (above).
   c.pack_compile_ahead = 2
+  # Decode on with the unfinished rows alone, halving the batch down to 8 rows: the
+  # trained policy's rollouts 1.56x faster on a 2-core Zen 3 (benchmarks/
+  # decode_compaction.py), the same replies.
+  c.compact_min_rows = 8
   # Cosine decay over the first half of the time budget, whatever the machine's step
   # rate, then a tenth of the peak rate (over the whole budget to 0 until 2026-11-28).
   c.optimizer.decay = "cosine"

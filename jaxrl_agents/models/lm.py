@@ -150,6 +150,11 @@ def repeat_cache(cache: Any, repeats: int) -> Any:
   return jax.tree.map(lambda x: jnp.repeat(x, repeats, axis=0) if x.ndim else x, cache)
 
 
+def take_rows(cache: Any, index: jax.Array) -> Any:
+  """The cache of rows `index` (int[b]) of a cache, in that order (batch first, the contract)."""
+  return jax.tree.map(lambda x: x[index] if x.ndim else x, cache)
+
+
 def attention_allowed(segment_ids: jax.Array) -> jax.Array:
   """bool[B, T, T] for a cacheless pass: causal, within a segment, never onto padding."""
   t = segment_ids.shape[1]

@@ -45,6 +45,14 @@ class SamplingConfig:
     min_p: keep tokens with p >= min_p * max p (0 = off).
     stop_tokens: ids that end a completion (included in it, then masked after).
     pad_id: written after a completion ends.
+    compact_min_rows: 0 (off), or the fewest rows decoding shrinks to. Once at
+      most half the rows are still sampling, `decode` goes on with just those
+      (the batch halved, its cache rows gathered), and again at each halving
+      down to this many rows. A decode step costs about its row count on CPU,
+      so the few long replies of a batch stop paying for the finished rows.
+      Each row's tokens are the same function of the key (the draws are taken
+      per original row), up to the rounding of a product over fewer rows.
+      Not applied where `decode` returns the cache (`keep_cache`).
   """
 
   max_new_tokens: int = 64
@@ -54,6 +62,7 @@ class SamplingConfig:
   min_p: float = 0.0
   stop_tokens: tuple[int, ...] = ()
   pad_id: int = 0
+  compact_min_rows: int = 0
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -66,6 +75,10 @@ class SamplingConfig:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
     if not 0 <= self.min_p < 1:
       raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+    if (isinstance(self.compact_min_rows, bool) or not isinstance(self.compact_min_rows, int)
+        or self.compact_min_rows < 0):
+      raise ValueError(f"compact_min_rows must be an int >= 0 (0: off), got "
+                       f"{self.compact_min_rows!r}")
 
   @property
   def greedy(self) -> bool:
@@ -127,7 +140,8 @@ def filter_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
   return logits
 
 
-def sample_inverse_cdf(rng: jax.Array, log_probs: jax.Array, axis: int = -1) -> jax.Array:
+def sample_inverse_cdf(rng: jax.Array, log_probs: jax.Array, axis: int = -1, *,
+                       rows: jax.Array | None = None, batch: int | None = None) -> jax.Array:
   """One int32 draw per row of log-probabilities over the vocabulary `axis`, by inverting the CDF.
 
   One uniform number per row instead of `jax.random.categorical`'s Gumbel
@@ -141,13 +155,20 @@ def sample_inverse_cdf(rng: jax.Array, log_probs: jax.Array, axis: int = -1) -> 
     rng: PRNG key.
     log_probs: f32[B, V] (axis=-1) or f32[V, B] (axis=0), normalized or not.
     axis: the vocabulary axis.
+    rows: optional int32[B], which rows of a batch of `batch` these are: each
+      row gets the draw it would get in the whole batch.
+    batch: the whole batch's row count (with `rows`).
 
   Returns:
     int32[B] token ids.
   """
   log_probs = jnp.moveaxis(log_probs, axis, 0)  # [V, B]
   cdf = jnp.cumsum(jnp.exp(log_probs), axis=0)
-  u = (1.0 - jax.random.uniform(rng, (1, log_probs.shape[1]))) * cdf[-1:]
+  if rows is None:
+    uniform = jax.random.uniform(rng, (1, log_probs.shape[1]))
+  else:
+    uniform = jax.random.uniform(rng, (1, batch))[:, rows]
+  u = (1.0 - uniform) * cdf[-1:]
   index = jnp.sum(cdf < u, axis=0)
   return jnp.minimum(index, log_probs.shape[0] - 1).astype(jnp.int32)
 
@@ -165,12 +186,14 @@ def argmax_vocab_major(logits: jax.Array) -> jax.Array:
   return jnp.minimum(first, logits.shape[0] - 1)  # a NaN column has no maximum
 
 
-def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig):
+def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig,
+          rows: jax.Array | None = None, batch: int | None = None):
   """Picks int32[B] tokens from vocabulary-major f32[V, B] logits.
 
   Returns (token, policy logp, sampling logp), each [B]. The logits stay
   [V, B] as the decode step's head produces them; only the truncating filters
-  (top-k, top-p, min-p) work on the transposed [B, V].
+  (top-k, top-p, min-p) work on the transposed [B, V]. `rows` and `batch`:
+  as `sample_inverse_cdf`'s, for a compacted batch.
   """
   logits = logits.astype(jnp.float32)
   at_token = lambda a, token: jnp.take_along_axis(a, token[None, :], axis=0)[0]
@@ -183,7 +206,7 @@ def _pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig):
     else:
       filtered = logits / sampling.temperature
     sampling_logp_all = filtered - jax.nn.logsumexp(filtered, axis=0, keepdims=True)
-    token = sample_inverse_cdf(rng, sampling_logp_all, axis=0)
+    token = sample_inverse_cdf(rng, sampling_logp_all, axis=0, rows=rows, batch=batch)
     sampling_logp = at_token(sampling_logp_all, token)
   policy_logp = at_token(logits, token) - jax.nn.logsumexp(logits, axis=0)
   if not sampling.modifies_distribution:
@@ -330,21 +353,34 @@ def answer_logprob(params, cfg: lm.CausalLM, context: Continuation,
   return jnp.sum(jnp.where(mask, logp, 0.0), -1) / jnp.maximum(mask.sum(-1), 1)
 
 
-def _pick_and_record(state, logits, step, *, sampling: SamplingConfig):
+def _pick_and_record(state, logits, step, rows=None, *, sampling: SamplingConfig):
   """Picks each live row's token at column `step` and records it with its log-probabilities.
 
-  state is (rng, tokens, logp, sampling logp, done); returns (state, token, live).
+  state is (rng, tokens, logp, sampling logp, done), over the whole batch;
+  `logits` are those of the whole batch, or with `rows` (int32[b]) of those
+  rows of it. Returns (state, token, live), the last two over the logits' rows.
   """
   rng, tokens, logp, slogp, done = state
   rng, step_rng = jax.random.split(rng)
-  token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling)
-  live = ~done
+  token, policy_logp, sampling_logp = _pick(logits, step_rng, sampling, rows, done.shape[0])
+  at = slice(None) if rows is None else rows
+  live = ~done[at]
   token = jnp.where(live, token, sampling.pad_id)
-  tokens = tokens.at[:, step].set(token)
-  logp = logp.at[:, step].set(jnp.where(live, policy_logp, 0.0))
-  slogp = slogp.at[:, step].set(jnp.where(live, sampling_logp, 0.0))
-  done = done | jnp.isin(token, jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32))
+  tokens = tokens.at[at, step].set(token)
+  logp = logp.at[at, step].set(jnp.where(live, policy_logp, 0.0))
+  slogp = slogp.at[at, step].set(jnp.where(live, sampling_logp, 0.0))
+  stopped = jnp.isin(token, jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32))
+  done = done | stopped if rows is None else done.at[rows].set(~live | stopped)
   return (rng, tokens, logp, slogp, done), token, live
+
+
+def compaction_sizes(batch: int, min_rows: int) -> list[int]:
+  """The row counts a decode with `compact_min_rows=min_rows` runs at: the batch, then
+  halved while the half is a whole number of at least `min_rows` rows."""
+  sizes = [batch]
+  while min_rows and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= min_rows:
+    sizes.append(sizes[-1] // 2)
+  return sizes
 
 
 def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
@@ -394,19 +430,34 @@ def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
   state, token, live = pick_and_record(state, context.logits, 0)
   lengths = live.astype(jnp.int32)
 
-  def cond(carry):
-    step, _, state, _, _ = carry
-    return (step < limit) & ~jnp.all(state[-1])
+  # One while_loop per row count (`compaction_sizes`): each runs until at most the next
+  # count's rows are live, which then go on alone. `rows` maps the loop's rows to the
+  # batch's (None: all of them, in order).
+  sizes = [batch] if keep_cache else compaction_sizes(batch, sampling.compact_min_rows)
+  steps, cache, rows, position = jnp.int32(1), start_cache, None, start_position
+  for level, size in enumerate(sizes):
+    if level:
+      current = jnp.arange(batch) if rows is None else rows
+      keep = jnp.argsort(state[-1][current], stable=True)[:size]  # the live rows first
+      rows, token, position = current[keep], token[keep], position[keep]
+      cache = lm.take_rows(cache, keep)
+    still_live = sizes[level + 1] if level + 1 < len(sizes) else 0
 
-  def body(carry):
-    step, cache, state, token, lengths = carry
-    logits, cache = cfg.decode_step(params, token, start_position + step - 1,
-                                            cache, vocab_major=True)
-    state, token, live = pick_and_record(state, logits, step)
-    return step + 1, cache, state, token, lengths + live.astype(jnp.int32)
+    def cond(carry, still_live=still_live):
+      step, _, state, _, _ = carry
+      return (step < limit) & (jnp.sum(~state[-1]) > still_live)
 
-  steps, cache, state, token, lengths = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), start_cache, state, token, lengths))
+    def body(carry, rows=rows, position=position):
+      step, cache, state, token, lengths = carry
+      logits, cache = cfg.decode_step(params, token, position + step - 1, cache,
+                                      vocab_major=True)
+      state, token, live = pick_and_record(state, logits, step, rows)
+      live = live.astype(jnp.int32)
+      return (step + 1, cache, state, token,
+              lengths + live if rows is None else lengths.at[rows].add(live))
+
+    steps, cache, state, token, lengths = jax.lax.while_loop(
+        cond, body, (steps, cache, state, token, lengths))
   _, tokens, logp, slogp, _ = state
   mask = jnp.arange(n)[None, :] < lengths[:, None]
   out = SampleOutput(tokens=tokens, logprobs=logp, sampling_logprobs=slogp, mask=mask,
