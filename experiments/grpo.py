@@ -38,7 +38,7 @@ from jaxrl_agents.losses import aggregation as aggregation_lib
 from jaxrl_agents.losses import kl as kl_lib
 from jaxrl_agents.losses import kl_control
 from jaxrl_agents.models import lm
-from jaxrl_agents.rollout import scoring, self_play, shapes
+from jaxrl_agents.rollout import scoring, self_play, shapes, single_turn
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,14 @@ class GRPOSettings:
       its trimmed width). A packed program costs what its slots cost, so at one width
       one program per slot count serves every trimmed width the rollouts move through.
     pack_compile_ahead: after each update, the packed programs for the next this many
-      slot counts below the batch's (or below the padded rows' threshold) start
-      compiling in the background (`precompile.py`) while the next steps run: replies
-      shorten as a run learns, and each new slot count would otherwise stop the run for
-      its compile. Not free on a 2-core CPU (the steps beside a compile run slower; README,
-      "Packed replies"). The same programs either way, so the same results; 0: each
-      compiles when a batch first needs it.
+      slot counts below the batch's (or below the padded rows' threshold), and (where
+      not 0) the padded rows' program at the next narrower reply width that a batch of
+      as many reply tokens would run, start compiling in the background
+      (`precompile.py`) while the next steps run: replies shorten as a run learns, and
+      each new program would otherwise stop the run for its compile. Not free on a
+      2-core CPU (the steps beside a compile run slower; README, "Packed replies").
+      The same programs either way, so the same results; 0: each compiles when a batch
+      first needs it.
     drop_tied_groups: the update leaves out the kept groups whose rewards tie
       (`without_tied_groups`): the token mean is over the groups that vary, and a
       packed update pays for their replies only (a KL or entropy term loses the
@@ -410,6 +412,22 @@ def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int
   return traj, advantages
 
 
+def _with_reply_columns(spec: GRPOBatch, width: int) -> GRPOBatch:
+  """The shapes (`jax.ShapeDtypeStruct`s) of a batch like `spec` with `width` reply columns,
+  narrower or wider; a packed batch's slots as they are."""
+  def columns(x):
+    keep = spec.traj.prompt_width + width
+    return jax.ShapeDtypeStruct((x.shape[0], keep), x.dtype)
+  traj = spec.traj.replace(**{name: columns(getattr(spec.traj, name)) for name in _COLUMNS})
+  advantages = columns(spec.advantages) if spec.advantages.ndim == 2 else spec.advantages
+  return spec._replace(traj=traj, advantages=advantages, old_logp=columns(spec.old_logp),
+                       ref_logp=columns(spec.ref_logp))
+
+
+# The Trajectory's fields with one entry per column (`types.with_reply_width` pads them).
+_COLUMNS = ("tokens", "valid", "policy_mask", "turn_id", "sampling_logprobs")
+
+
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
   """The per-side return baselines. Like SPIRAL's, the average moves once per game side in
   batch order (decay per trajectory, not per step)."""
@@ -645,32 +663,47 @@ class GRPO:
                    "update_width": batch.traj.tokens.shape[1] - batch.traj.prompt_width}
 
   def _compile_ahead(self, state, batch: GRPOBatch, rng) -> None:
-    """Starts compiling the update for the `pack_compile_ahead` packed slot counts next
-    below this batch's (below the padded rows' threshold where it scored padded rows),
-    shaped like this step's arguments: the next step's are shaped so but for the slots.
-    One device only (a compiled program's placement is fixed)."""
+    """Starts compiling the update for the batches that are likely next as replies shorten,
+    shaped like this step's arguments but for the reply columns: first the padded rows'
+    program at the nearest narrower reply width a batch of this one's reply tokens would
+    score padded (`_padded_width_ahead`), then the packed programs for the
+    `pack_compile_ahead` slot counts next below this batch's (below the padded rows'
+    threshold where it scored padded rows). One device only (a compiled program's
+    placement is fixed)."""
     s, traj = self.settings, batch.traj
     if (not self._can_pack(traj) or jax.process_count() > 1
         or len(traj.tokens.sharding.device_set) > 1):
       return
     rows = traj.tokens.shape[0] // s.minibatches
     width = traj.tokens.shape[1] - traj.prompt_width
+    spec = precompile.spec_of(batch._replace(reward_pairs=None))
+    state = state._replace(reward_model=None)
+    progress = jax.ShapeDtypeStruct((), jnp.float32)
+    narrow = self._padded_width_ahead(traj, rows)
+    if narrow:
+      self._update.start(state, _with_reply_columns(spec, narrow)._replace(packed_slots=None),
+                         rng, progress)
     below = (batch.packed_slots.shape[0] if batch.packed_slots is not None
              else int(s.pack_below * rows * width) + 1)
-    counts = shapes.half_octaves_below(below, s.pack_compile_ahead, minimum=rows)
-    if not counts:
-      return
-    spec = precompile.spec_of(batch._replace(reward_pairs=None))
-    if width != s.pack_width:  # a padded batch at its trimmed width: a packed one is wider
-      wide, advantages = jax.eval_shape(lambda t, a: padded_replies(t, a, s.pack_width),
-                                        spec.traj, spec.advantages)
-      columns = jax.ShapeDtypeStruct(wide.tokens.shape, jnp.float32)
-      spec = spec._replace(traj=wide, advantages=advantages, old_logp=columns,
-                           ref_logp=columns)
-    for count in counts:
-      self._update.start(state._replace(reward_model=None),
-                         spec._replace(packed_slots=jax.ShapeDtypeStruct((count,), jnp.bool_)),
-                         rng, jax.ShapeDtypeStruct((), jnp.float32))
+    packed = _with_reply_columns(spec, s.pack_width) if s.pack_width else spec
+    for count in shapes.half_octaves_below(below, s.pack_compile_ahead, minimum=rows):
+      self._update.start(state,
+                         packed._replace(packed_slots=jax.ShapeDtypeStruct((count,), jnp.bool_)),
+                         rng, progress)
+
+  def _padded_width_ahead(self, traj: types.Trajectory, rows: int) -> int:
+    """The nearest trimmed reply width below this batch's at which a batch of as many reply
+    tokens would score padded rows (packing would save too little: `_packed_slots`) and
+    which their mean length fits, or 0. As replies shorten, a run meets that program next:
+    its longest reply no longer needs this batch's width, the padded one serves."""
+    s = self.settings
+    lengths = np.asarray(traj.policy_mask)[:, traj.prompt_width:].sum(1)
+    width = single_turn.trimmed_width(lengths, traj.tokens.shape[1] - traj.prompt_width)
+    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
+    narrow = 1 << ((width - 1).bit_length() - 1)  # the power of two below: 48 -> 32 -> 16
+    if narrow < single_turn.MIN_REPLY_WIDTH or narrow < lengths.mean():
+      return 0
+    return narrow if slots > s.pack_below * rows * narrow else 0
 
   def _update_policy(self, state, batch, rng, progress):
     if self.beside is None:

@@ -190,10 +190,10 @@ def test_packed_replies_engage_where_they_apply():
 
 
 def _one_reply_rollout(b: int, n: int, longest: int, rewards=None,
-                       tokens=None) -> rl_loop.Rollout:
-  """b rows of 8 prompt tokens and replies of 1..longest tokens (of n columns); rewards
-  alternating 0/1 unless given (every group's rewards vary)."""
-  lengths = np.arange(b) % longest + 1
+                       tokens=None, lengths=None) -> rl_loop.Rollout:
+  """b rows of 8 prompt tokens and replies of 1..longest tokens (or `lengths`; of n
+  columns); rewards alternating 0/1 unless given (every group's rewards vary)."""
+  lengths = np.arange(b) % longest + 1 if lengths is None else np.asarray(lengths)
   rewards = (np.arange(b) % 2).astype(np.float32) if rewards is None else rewards
   tokens = jnp.full((b, n), 3, jnp.int32) if tokens is None else tokens
   traj = types.with_outcome(types.single_turn(
@@ -231,6 +231,34 @@ def test_packed_programs_compiled_ahead_answer_the_next_batches():
   config.pack_compile_ahead = -1
   with pytest.raises(ValueError, match="pack_compile_ahead"):
     grpo.validate(config)
+
+
+def test_the_padded_program_a_shorter_batch_needs_is_compiled_ahead():
+  """After a packed batch at 16 reply columns whose tokens would fill 8 columns too fully to
+  pack, the padded rows' program at 8 columns compiles in the background; the next batch,
+  whose replies fit 8 columns, runs it, and the updates are those of compiling on call."""
+  runs = {}
+  for ahead in (0, 1):
+    config = grpo_arithmetic.get_config("tiny")
+    config.pack_replies, config.pack_compile_ahead = True, ahead
+    b, n = config.prompts_per_step * config.group_size, config.max_new_tokens
+    algorithm = grpo.GRPO(config, zoo.load("tiny").cfg)
+    state = algorithm.init_state(zoo.load("tiny").params, jax.random.key(0))
+    state, programs = state._replace(updates=jnp.int32(3)), []
+    # Replies of 5 tokens and one of 9 (16 columns: packed), then of 6 (8 columns, too
+    # full to pack); the rollouts trimmed to those widths.
+    for i, (lengths, width) in enumerate((([9] + [5] * (b - 1), 16), ([6] * b, 8))):
+      batch = algorithm.prepare(state, _one_reply_rollout(b, width, 0, lengths=lengths),
+                                jax.random.key(1))
+      state, metrics = algorithm.update(state, batch, jax.random.key(2 + i), 0.1)
+      algorithm._update.wait()
+      programs.append((metrics["update_slots"] > 0, metrics["update_width"]))
+    runs[ahead] = (programs, state.params, algorithm._update.hits)
+  (want_programs, want, none), (got_programs, got, hits) = runs[0], runs[1]
+  assert want_programs == got_programs == [(True, n), (False, 8)]  # packed, then padded
+  assert (none, hits) == (0, 1)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_a_packed_batch_runs_at_the_reply_budgets_width():

@@ -173,8 +173,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # the same update time, the main job's training 6% shorter over three seeds.
   c.pack_below = 0.5
   # After each update, compile the packed programs for this many slot counts below the
-  # batch's in the background, while the next rollout samples (experiments/grpo.py,
-  # GRPOSettings.pack_compile_ahead): the same results, compiled before they are needed.
+  # batch's, and the padded program at the next narrower reply width, in the background
+  # while the next rollout samples (experiments/grpo.py, GRPOSettings.pack_compile_ahead):
+  # the same results, compiled before they are needed.
   c.pack_compile_ahead = 0
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or

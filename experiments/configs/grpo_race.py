@@ -135,6 +135,14 @@ the background against 62, two of its programs never used). A whole race
 with it on the same machine (README, "Learning race"): 0.71 against TRL's 0.66,
 speedup 1.32.
 
+Decoding compacted to the unfinished rows (`compact_min_rows=8`, this config
+since 2026-11-29): a trained policy's rollouts 1.56x faster on the same Zen 3
+machine (benchmarks/decode_compaction.py), the same replies. A whole race with
+it, the same day and machine: 0.26 .33 .53 .58 .62 .64 .66 .67 .70 .71 .71 .74
+.76 in 114 steps (76 the race before), TRL 0.26 .27 .29 .45 .41 .54 .58 .60
+.62 .62 .62 .66 .64 in 69; speedup 2.38, final +12 (paired 14 against 2,
+standard error 3.8 points).
+
 Two screens of the project's side alone, 12.5 minutes each (2-core Zen 4
 EPYC, 2026-11-28, cold cache), against this config's race of the same day
 (.61 .65 .68 .66 .75 at 2.5-minute marks, 79 steps): the tied groups left out

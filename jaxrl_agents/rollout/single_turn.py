@@ -23,6 +23,8 @@ from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
 from jaxrl_agents.rollout import shapes
 
+MIN_REPLY_WIDTH = 8  # the narrowest trimmed reply width (`trimmed_width`)
+
 
 @dataclasses.dataclass
 class Samples:
@@ -168,7 +170,8 @@ def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int
   return np.asarray(prefix, np.int32), *_pad_prompts(suffixes, pad_id)
 
 
-def trimmed_width(lengths: np.ndarray, max_new_tokens: int, minimum: int = 8) -> int:
+def trimmed_width(lengths: np.ndarray, max_new_tokens: int,
+                  minimum: int = MIN_REPLY_WIDTH) -> int:
   """Completion columns the update needs: the longest completion, bucketed to a power of two.
 
   The update costs in proportion to prompt + completion columns; short replies
