@@ -36,10 +36,10 @@ def main() -> None:
   p.add_argument("--prompts", type=int, default=8)
   p.add_argument("--group", type=int, default=8)
   p.add_argument("--batches", type=int, default=6)
-  p.add_argument("--min-rows", type=int, default=8, help="compact_min_rows when on")
+  p.add_argument("--min-rows", type=int, default=8, help="compact_min_rows when on (>= 2)")
   args = p.parse_args()
-  if min(args.prompts, args.group, args.batches, args.min_rows) < 1:
-    p.error("every count must be >= 1")
+  if min(args.prompts, args.group, args.batches) < 1 or args.min_rows < 2:
+    p.error("every count must be >= 1, --min-rows >= 2")
 
   import jax
   import numpy as np
@@ -60,8 +60,9 @@ def main() -> None:
     source = f"{args.workdir} step {step}"
   print(f"policy: {source}", flush=True)
   questions = tasks.load_task(config.task, "train")
-  off = rl_loop.sampling_from_config(config, model.tokenizer)
-  on = dataclasses.replace(off, compact_min_rows=args.min_rows)
+  race = rl_loop.sampling_from_config(config, model.tokenizer)  # the race config compacts
+  off = dataclasses.replace(race, compact_min_rows=0)
+  on = dataclasses.replace(race, compact_min_rows=args.min_rows)
   settings = {"whole batch": off, f"compacted to {args.min_rows}": on}
 
   def rollout(sampling, batch):

@@ -418,14 +418,12 @@ def _with_reply_columns(spec: GRPOBatch, width: int) -> GRPOBatch:
   def columns(x):
     keep = spec.traj.prompt_width + width
     return jax.ShapeDtypeStruct((x.shape[0], keep), x.dtype)
-  traj = spec.traj.replace(**{name: columns(getattr(spec.traj, name)) for name in _COLUMNS})
+  traj = spec.traj.replace(**{name: columns(getattr(spec.traj, name))
+                              for name in types.COLUMN_FIELDS})
   advantages = columns(spec.advantages) if spec.advantages.ndim == 2 else spec.advantages
   return spec._replace(traj=traj, advantages=advantages, old_logp=columns(spec.old_logp),
                        ref_logp=columns(spec.ref_logp))
 
-
-# The Trajectory's fields with one entry per column (`types.with_reply_width` pads them).
-_COLUMNS = ("tokens", "valid", "policy_mask", "turn_id", "sampling_logprobs")
 
 
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
@@ -679,7 +677,7 @@ class GRPO:
     spec = precompile.spec_of(batch._replace(reward_pairs=None))
     state = state._replace(reward_model=None)
     progress = jax.ShapeDtypeStruct((), jnp.float32)
-    narrow = self._padded_width_ahead(traj, rows)
+    narrow = self._padded_width_ahead(batch, rows)
     if narrow:
       self._update.start(state, _with_reply_columns(spec, narrow)._replace(packed_slots=None),
                          rng, progress)
@@ -691,14 +689,18 @@ class GRPO:
                          packed._replace(packed_slots=jax.ShapeDtypeStruct((count,), jnp.bool_)),
                          rng, progress)
 
-  def _padded_width_ahead(self, traj: types.Trajectory, rows: int) -> int:
+  def _padded_width_ahead(self, batch: GRPOBatch, rows: int) -> int:
     """The nearest trimmed reply width below this batch's at which a batch of as many reply
     tokens would score padded rows (packing would save too little: `_packed_slots`) and
     which their mean length fits, or 0. As replies shorten, a run meets that program next:
     its longest reply no longer needs this batch's width, the padded one serves."""
-    s = self.settings
+    s, traj = self.settings, batch.traj
     lengths = np.asarray(traj.policy_mask)[:, traj.prompt_width:].sum(1)
-    width = single_turn.trimmed_width(lengths, traj.tokens.shape[1] - traj.prompt_width)
+    width = traj.tokens.shape[1] - traj.prompt_width  # a padded batch's: the rollout's
+    if batch.packed_slots is not None:
+      # Padded to the budget: the kept rows' longest reply gives the rollout's width (a
+      # longer one in a group the step left out would have made it wider).
+      width = single_turn.trimmed_width(lengths, width)
     slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
     narrow = 1 << ((width - 1).bit_length() - 1)  # the power of two below: 48 -> 32 -> 16
     if narrow < single_turn.MIN_REPLY_WIDTH or narrow < lengths.mean():

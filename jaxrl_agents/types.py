@@ -20,6 +20,9 @@ from flax import struct
 
 from jaxrl_agents import distributed
 
+# The Trajectory's fields with one entry per column, [B, T].
+COLUMN_FIELDS = ("tokens", "valid", "policy_mask", "turn_id", "sampling_logprobs")
+
 
 @struct.dataclass
 class Trajectory:
@@ -70,7 +73,7 @@ class Trajectory:
   def check(self) -> Trajectory:
     """Raises ValueError naming the field when shapes or masks disagree; returns self."""
     b, t = self.tokens.shape
-    for name in ("valid", "policy_mask", "turn_id", "sampling_logprobs"):
+    for name in COLUMN_FIELDS[1:]:
       if getattr(self, name).shape != (b, t):
         raise ValueError(f"Trajectory.{name} has shape {getattr(self, name).shape}, "
                          f"tokens {(b, t)}")
@@ -125,10 +128,9 @@ def with_reply_width(traj: Trajectory, width: int) -> Trajectory:
   extra = traj.prompt_width + width - traj.tokens.shape[1]
   if extra <= 0 or traj.reply_spans:
     return traj
-  pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
-  return traj.replace(tokens=pad(traj.tokens, 0), valid=pad(traj.valid, False),
-                      policy_mask=pad(traj.policy_mask, False), turn_id=pad(traj.turn_id, -1),
-                      sampling_logprobs=pad(traj.sampling_logprobs, 0.0))
+  fill = dict(tokens=0, valid=False, policy_mask=False, turn_id=-1, sampling_logprobs=0.0)
+  return traj.replace(**{name: jnp.pad(getattr(traj, name), ((0, 0), (0, extra)),
+                                       constant_values=fill[name]) for name in COLUMN_FIELDS})
 
 
 def with_outcome(traj: Trajectory, rewards) -> Trajectory:

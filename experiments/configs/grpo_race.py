@@ -137,8 +137,8 @@ speedup 1.32.
 
 Decoding compacted to the unfinished rows (`compact_min_rows=8`, this config
 since 2026-11-29): a trained policy's rollouts 1.56x faster on the same Zen 3
-machine (benchmarks/decode_compaction.py), the same replies. A whole race with
-it, the same day and machine: 0.26 .33 .53 .58 .62 .64 .66 .67 .70 .71 .71 .74
+machine (benchmarks/decode_compaction.py), the same replies up to rounding. A
+whole race with it, the same day and machine: 0.26 .33 .53 .58 .62 .64 .66 .67 .70 .71 .71 .74
 .76 in 114 steps (76 the race before), TRL 0.26 .27 .29 .45 .41 .54 .58 .60
 .62 .62 .62 .66 .64 in 69; speedup 2.38, final +12 (paired 14 against 2,
 standard error 3.8 points).
@@ -178,7 +178,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.pack_compile_ahead = 2
   # Decode on with the unfinished rows alone, halving the batch down to 8 rows: the
   # trained policy's rollouts 1.56x faster on a 2-core Zen 3 (benchmarks/
-  # decode_compaction.py), the same replies.
+  # decode_compaction.py), the same replies up to rounding.
   c.compact_min_rows = 8
   # Cosine decay over the first half of the time budget, whatever the machine's step
   # rate, then a tenth of the peak rate (over the whole budget to 0 until 2026-11-28).

@@ -45,14 +45,16 @@ class SamplingConfig:
     min_p: keep tokens with p >= min_p * max p (0 = off).
     stop_tokens: ids that end a completion (included in it, then masked after).
     pad_id: written after a completion ends.
-    compact_min_rows: 0 (off), or the fewest rows decoding shrinks to. Once at
-      most half the rows are still sampling, `decode` goes on with just those
-      (the batch halved, its cache rows gathered), and again at each halving
-      down to this many rows. A decode step costs about its row count on CPU,
-      so the few long replies of a batch stop paying for the finished rows.
-      Each row's tokens are the same function of the key (the draws are taken
-      per original row), up to the rounding of a product over fewer rows.
-      Not applied where `decode` returns the cache (`keep_cache`).
+    compact_min_rows: 0 (off), or the fewest rows decoding shrinks to (at least
+      2: one bfloat16 row is slow on XLA:CPU, see `generate`). Once at most half
+      the rows are still sampling, `decode` goes on with just those (the batch
+      halved, its cache rows gathered), and again at each halving down to this
+      many rows. A decode step costs about its row count on CPU, so the few
+      long replies of a batch stop paying for the finished rows. Each row's
+      draws are the ones it gets in the whole batch, so its reply is the same
+      up to the rounding of a product over fewer rows (a token can differ at a
+      near-tie). Meant for one device: on a mesh the gather moves rows between
+      devices. Not applied where `decode` returns the cache (`keep_cache`).
   """
 
   max_new_tokens: int = 64
@@ -76,8 +78,8 @@ class SamplingConfig:
     if not 0 <= self.min_p < 1:
       raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
     if (isinstance(self.compact_min_rows, bool) or not isinstance(self.compact_min_rows, int)
-        or self.compact_min_rows < 0):
-      raise ValueError(f"compact_min_rows must be an int >= 0 (0: off), got "
+        or self.compact_min_rows < 0 or self.compact_min_rows == 1):
+      raise ValueError(f"compact_min_rows must be 0 (off) or an int >= 2, got "
                        f"{self.compact_min_rows!r}")
 
   @property
@@ -166,6 +168,8 @@ def sample_inverse_cdf(rng: jax.Array, log_probs: jax.Array, axis: int = -1, *,
   cdf = jnp.cumsum(jnp.exp(log_probs), axis=0)
   if rows is None:
     uniform = jax.random.uniform(rng, (1, log_probs.shape[1]))
+  elif batch is None:
+    raise ValueError("sample_inverse_cdf: `rows` needs `batch`, the whole batch's row count")
   else:
     uniform = jax.random.uniform(rng, (1, batch))[:, rows]
   u = (1.0 - uniform) * cdf[-1:]
@@ -391,7 +395,9 @@ def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
 
   One token per iteration of a `lax.while_loop` that stops as soon as every
   row has emitted a stop token or `max_steps` is reached. The cache lives in
-  the loop carry, so XLA updates it in place.
+  the loop carry, so XLA updates it in place. With `sampling.compact_min_rows`
+  there is one such loop per row count (`compaction_sizes`), each handing the
+  rows still sampling to the next.
 
   Args:
     params: model parameters.
@@ -436,7 +442,7 @@ def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
   sizes = [batch] if keep_cache else compaction_sizes(batch, sampling.compact_min_rows)
   steps, cache, rows, position = jnp.int32(1), start_cache, None, start_position
   for level, size in enumerate(sizes):
-    if level:
+    if level:  # (also where the loop before ended every row: one gather, no decode step)
       current = jnp.arange(batch) if rows is None else rows
       keep = jnp.argsort(state[-1][current], stable=True)[:size]  # the live rows first
       rows, token, position = current[keep], token[keep], position[keep]
