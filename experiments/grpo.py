@@ -425,7 +425,6 @@ def _with_reply_columns(spec: GRPOBatch, width: int) -> GRPOBatch:
                        ref_logp=columns(spec.ref_logp))
 
 
-
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
   """The per-side return baselines. Like SPIRAL's, the average moves once per game side in
   batch order (decay per trajectory, not per step)."""
@@ -701,7 +700,8 @@ class GRPO:
       # Padded to the budget: the kept rows' longest reply gives the rollout's width (a
       # longer one in a group the step left out would have made it wider).
       width = single_turn.trimmed_width(lengths, width)
-    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
+    slots = (batch.packed_slots.shape[0] if batch.packed_slots is not None  # counted once
+             else scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group))
     narrow = 1 << ((width - 1).bit_length() - 1)  # the power of two below: 48 -> 32 -> 16
     if narrow < single_turn.MIN_REPLY_WIDTH or narrow < lengths.mean():
       return 0

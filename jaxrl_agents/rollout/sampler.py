@@ -436,11 +436,28 @@ def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
   state, token, live = pick_and_record(state, context.logits, 0)
   lengths = live.astype(jnp.int32)
 
-  # One while_loop per row count (`compaction_sizes`): each runs until at most the next
-  # count's rows are live, which then go on alone. `rows` maps the loop's rows to the
-  # batch's (None: all of them, in order).
   sizes = [batch] if keep_cache else compaction_sizes(batch, sampling.compact_min_rows)
-  steps, cache, rows, position = jnp.int32(1), start_cache, None, start_position
+  steps, cache, state, token, lengths = _decode_loops(
+      params, cfg, sizes, limit, pick_and_record,
+      (jnp.int32(1), start_cache, state, token, lengths), start_position)
+  _, tokens, logp, slogp, _ = state
+  mask = jnp.arange(n)[None, :] < lengths[:, None]
+  out = SampleOutput(tokens=tokens, logprobs=logp, sampling_logprobs=slogp, mask=mask,
+                     lengths=lengths)
+  if not keep_cache:
+    return out, None
+  return out, _close_block(params, cfg, cache, out, token, start_slot,
+                           start_position + steps - 1, start_position)
+
+
+def _decode_loops(params, cfg: lm.CausalLM, sizes: list[int], limit, pick_and_record, carry,
+                  start_position):
+  """`decode`'s token loop: one while_loop per row count in `sizes` (`compaction_sizes`),
+  each running until at most the next count's rows are live, which then go on alone.
+  carry is (step, cache, state, token, lengths) over the whole batch; returns it after."""
+  batch = sizes[0]
+  steps, cache, state, token, lengths = carry
+  rows, position = None, start_position  # rows: the loop's rows in the batch (None: all)
   for level, size in enumerate(sizes):
     if level:  # (also where the loop before ended every row: one gather, no decode step)
       current = jnp.arange(batch) if rows is None else rows
@@ -464,14 +481,7 @@ def decode(params, cfg: lm.CausalLM, context: Continuation, rng: jax.Array,
 
     steps, cache, state, token, lengths = jax.lax.while_loop(
         cond, body, (steps, cache, state, token, lengths))
-  _, tokens, logp, slogp, _ = state
-  mask = jnp.arange(n)[None, :] < lengths[:, None]
-  out = SampleOutput(tokens=tokens, logprobs=logp, sampling_logprobs=slogp, mask=mask,
-                     lengths=lengths)
-  if not keep_cache:
-    return out, None
-  return out, _close_block(params, cfg, cache, out, token, start_slot,
-                           start_position + steps - 1, start_position)
+  return steps, cache, state, token, lengths
 
 
 def _close_block(params, cfg, cache, out: SampleOutput, last_token, start_slot, last_position,
