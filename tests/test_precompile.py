@@ -46,6 +46,9 @@ def test_a_started_compile_answers_its_shapes_and_only_those():
 def test_the_compiled_program_donates_what_the_jitted_function_donates():
   f = precompile.Precompiled(jax.jit(lambda x: x * 2, donate_argnums=0), "double")
   f.start(jax.ShapeDtypeStruct((8,), jnp.float32))
+  # Waited for: a call made before the thread takes the compile up withdraws it and
+  # compiles on call (as it should), which would test the jitted function's donation.
+  f.wait()
   x = jnp.arange(8.0)
   np.testing.assert_array_equal(f(x), np.arange(8.0) * 2)
   assert f.hits == 1 and x.is_deleted()
@@ -59,6 +62,7 @@ def test_a_failed_compile_falls_back_and_its_error_is_not_swallowed(caplog):
 
   f = precompile.Precompiled(jax.jit(picky), "picky")
   f.start(jax.ShapeDtypeStruct((3,), jnp.float32))
+  f.wait()  # the compile has failed in the thread (not withdrawn by an early call)
   with pytest.raises(ValueError, match="three rows"):
     f(jnp.ones(3))
   assert "ahead-of-time compile of picky failed" in caplog.text
