@@ -27,7 +27,9 @@ fi
 # and printed when the lane ends; each group's exit line is printed as the group ends.
 run_group() {
   local files=(tests/test_$1*.py) rc=0 start=$SECONDS
-  .venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider "${files[@]}" || rc=$?
+  # --durations: the slowest tests of each group in the CI log, to keep the suite's time in view.
+  .venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider --durations=8 \
+    "${files[@]}" || rc=$?
   if [ "$rc" -ge 128 ]; then
     echo "scripts/test.sh: the test process of ${files[*]} died from signal $((rc - 128));" \
          "running that group once more"
