@@ -141,7 +141,10 @@ machine (benchmarks/decode_compaction.py), the same replies up to rounding. A
 whole race with it, the same day and machine: 0.26 .33 .53 .58 .62 .64 .66 .67 .70 .71 .71 .74
 .76 in 114 steps (76 the race before), TRL 0.26 .27 .29 .45 .41 .54 .58 .60
 .62 .62 .62 .66 .64 in 69; speedup 2.38, final +12 (paired 14 against 2,
-standard error 3.8 points).
+standard error 3.8 points). This config as it is on a 2-core AVX-512 + AMX Xeon,
+2026-12-01: 0.26 .37 .58 .60 .71 .75 .73 .74 .76 .77 .76 .78 .78 in 192 steps,
+TRL 0.26 .28 .37 .57 .62 .62 .67 .65 .66 .68 .70 .71 .73 in 153; speedup 2.39,
+final +5 (paired 6 against 1).
 
 Two screens of the project's side alone, 12.5 minutes each (2-core Zen 4
 EPYC, 2026-11-28, cold cache), against this config's race of the same day
