@@ -145,6 +145,10 @@ standard error 3.8 points). This config as it is on a 2-core AVX-512 + AMX Xeon,
 2026-12-01: 0.26 .37 .58 .60 .71 .75 .73 .74 .76 .77 .76 .78 .78 in 192 steps,
 TRL 0.26 .28 .37 .57 .62 .62 .67 .65 .66 .68 .70 .71 .73 in 153; speedup 2.39,
 final +5 (paired 6 against 1).
+The same with `dtype="bfloat16"` (the project's side alone against that TRL side; the
+AMX units multiply bf16): 0.28 .54 .57 .70 .70 .77 .78 .77 .78 .81 .79 .80 .81 in 282
+steps, speedup 2.40, final +8: ahead at 5 minutes, level at 0.70 at 7.5 and 10. One run;
+this config stays in float32.
 
 Two screens of the project's side alone, 12.5 minutes each (2-core Zen 4
 EPYC, 2026-11-28, cold cache), against this config's race of the same day
