@@ -28,13 +28,13 @@ fi
 run_group() {
   local files=(tests/test_$1*.py) rc=0 start=$SECONDS
   # --durations: the slowest tests of each group in the CI log, to keep the suite's time in view.
-  .venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider --durations=8 \
-    "${files[@]}" || rc=$?
+  local pytest=(.venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider --durations=8)
+  "${pytest[@]}" "${files[@]}" || rc=$?
   if [ "$rc" -ge 128 ]; then
     echo "scripts/test.sh: the test process of ${files[*]} died from signal $((rc - 128));" \
          "running that group once more"
     rc=0
-    .venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider "${files[@]}" || rc=$?
+    "${pytest[@]}" "${files[@]}" || rc=$?
   fi
   # To fd 3, the script's own stdout: in two lanes it shows at once, not with the lane's log.
   echo "scripts/test.sh: tests/test_$1*.py: exit status $rc, $((SECONDS - start)) s" >&3
