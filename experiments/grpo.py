@@ -53,6 +53,9 @@ class GRPOState(NamedTuple):
   role_baseline: credit.RoleBaselineState | None = None
   # The reward model trained beside the policy (config.reward_model_beside); None otherwise.
   reward_model: Any = None
+  # The moving average of the policy's parameters that evaluation and export read
+  # (config.ema_decay); None otherwise.
+  ema_params: dict | None = None
 
 
 class GRPOBatch(NamedTuple):
@@ -123,6 +126,10 @@ class GRPOSettings:
     step_weight: GiGPO's weight of the step-group advantage.
     behavior_logp: the loss reads the sampler's log-probabilities (`config.overlap`, or an
       off-policy correction): it logs the distance to them and corrects by them.
+    ema_decay: where > 0, the train state keeps the exponential moving average of the
+      policy's parameters over updates (`optim.polyak_average`), and evaluation and
+      export read it (the rollouts still sample the policy itself); evaluation reports the
+      policy's own figures beside it under `online/`. 0: off.
   """
 
   objective: objective_lib.PolicyObjective
@@ -147,6 +154,7 @@ class GRPOSettings:
   turn_gamma: float = 1.0
   step_weight: float = 1.0
   behavior_logp: bool = False
+  ema_decay: float = 0.0
 
   @property
   def on_policy(self) -> bool:
@@ -245,7 +253,7 @@ def settings_from_config(config) -> GRPOSettings:
       drop_tied_groups=bool(config.get("drop_tied_groups", False)),
       skip_zero_advantage_rows=bool(config.get("skip_zero_advantage_rows", False)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
-      **_turn_credit_settings(config))
+      ema_decay=float(config.get("ema_decay", 0.0)), **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
   if config.get("overlap", False) or correction != "none":
     settings = dataclasses.replace(settings, behavior_logp=True)
@@ -524,6 +532,9 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
   state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
                                           epochs=s.epochs, minibatches=s.minibatches,
                                           group_size=s.prompt_group)
+  if state.ema_params is not None:
+    state = state._replace(ema_params=optim_lib.polyak_average(
+        state.ema_params, state.params, state.updates, s.ema_decay))
   if baseline is not None:  # the returns happened, whatever the update did
     state = state._replace(role_baseline=baseline)
     metrics = {**metrics, **{f"role_baseline/player{p}": baseline.baseline[p]
@@ -574,10 +585,16 @@ class GRPO:
                      kl_ctl=make_kl_controller(self.settings).init() if kl_on else None,
                      role_baseline=(role_baseline(self.settings).init()
                                     if self.settings.advantage == ROLE_ADVANTAGE else None),
-                     reward_model=self.beside.init_state() if self.beside else None)
+                     reward_model=self.beside.init_state() if self.beside else None,
+                     ema_params=(jax.tree.map(jnp.copy, params) if self.settings.ema_decay
+                                 else None))
 
   def policy_params(self, state):
     return state.params
+
+  def averaged_params(self, state):
+    """The policy's moving average that evaluation reads (config.ema_decay), or None."""
+    return state.ema_params
 
   def nonfinite_count(self, state) -> tuple[int, int]:
     return optim_lib.nonfinite_count(state)
@@ -807,6 +824,9 @@ def validate(config) -> None:
   if not 0.0 < settings.pack_below <= 1.0:  # NaN fails too
     raise ValueError(f"pack_below {settings.pack_below} must be in (0, 1]: the fraction of "
                      "the padded rows' reply columns under which a batch packs (1: always)")
+  if not 0.0 <= settings.ema_decay < 1.0:  # NaN fails too
+    raise ValueError(f"ema_decay {settings.ema_decay} must be in [0, 1): the weight of the "
+                     "previous average in the policy's moving average (0: off)")
   ahead = config.get("pack_compile_ahead", 0)
   if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
     raise ValueError(f"pack_compile_ahead {ahead!r} must be an int >= 0: how many packed "

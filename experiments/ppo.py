@@ -251,6 +251,9 @@ def validate(config) -> None:
   if config.get("skip_zero_advantage_rows", False):
     raise ValueError("config.skip_zero_advantage_rows leaves GRPO's rows without advantage out "
                      "of the update; PPO's value loss trains on every row: set it to False")
+  if config.get("ema_decay", 0.0):
+    raise ValueError("config.ema_decay (the evaluated moving average of the policy) is GRPO's "
+                     "for now; set it to 0")
   level = config.get("gae_level", "token")
   if level not in GAE_LEVELS:
     raise ValueError(f"gae_level must be one of {GAE_LEVELS}, got {level!r}")

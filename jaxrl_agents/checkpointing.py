@@ -202,7 +202,8 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
 
   Works without the experiment's code: the state is restored as plain arrays
   and the policy is `state["params"]` (or its "policy" entry when the params
-  also hold a critic), inside `state["train"]` for an overlapped run
+  also hold a critic), or `state["ema_params"]` where the run kept the moving average
+  that it evaluated, inside `state["train"]` for an overlapped run
   (`overlap.OverlapState`).
   """
   ckpt = Checkpointer(workdir)
@@ -226,11 +227,14 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
       root = ""
       if "params" not in state and "train" in state:  # an overlapped run's OverlapState
         state, root = state["train"], "train/"
-      params, prefix = state["params"], root + "params/"
+      # The evaluated policy: the moving average of the policy's parameters where the run
+      # kept one (GRPO's ema_decay), else the policy.
+      field = "ema_params" if state.get("ema_params") else "params"
+      params, prefix = state[field], f"{root}{field}/"
       if isinstance(params, dict) and "policy" in params:
         params, prefix = params["policy"], prefix + "policy/"
       if "digests" in meta:  # export must never ship damaged weights
-        tree = {"train": {"params": state["params"]}} if root else {"params": state["params"]}
+        tree = {"train": {field: state[field]}} if root else {field: state[field]}
         verify_digests(tree, meta["digests"]["state"],
                        f"checkpoint step {step} in {ckpt.directory}", prefix=prefix)
       else:

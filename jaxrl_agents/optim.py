@@ -238,3 +238,17 @@ def reduce_update_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]
   """
   return {k: (jnp.nanmax(v) if k.endswith("_max") else jnp.nanmean(v))
           for k, v in metrics.items()}
+
+
+def polyak_average(average, params, updates: jax.Array, decay: float):
+  """The exponential moving average of the parameters after `updates` optimizer updates
+  (Polyak averaging): decay_n * average + (1 - decay_n) * params with decay_n =
+  min(decay, (1 + n) / (10 + n)), the warm-up of TensorFlow's ExponentialMovingAverage,
+  so the first updates are not averaged with the starting point at full weight.
+
+  Averaging the iterates of a noisy optimizer removes part of its noise without lowering
+  its learning rate (the evaluated policy of `GRPOSettings.ema_decay`)."""
+  n = jnp.asarray(updates, jnp.float32)
+  decay_n = jnp.minimum(jnp.float32(decay), (1.0 + n) / (10.0 + n))
+  moved = optax.incremental_update(params, average, 1.0 - decay_n)
+  return jax.tree.map(lambda m, a: m.astype(a.dtype), moved, average)  # a bf16 average stays

@@ -226,6 +226,9 @@ class Algorithm(Protocol):
   score_rollout(state, rollout, rng) -> (rollout, metrics) rescores a sampled rollout
   with what the train state holds (a reward model trained beside the policy) before
   `prepare` gets it, with the same rng.
+  averaged_params(state) -> the parameters evaluation reads in place of the policy's (a
+  moving average of them), or None; evaluation then reports the policy's own figures
+  beside them under `online/` (`evaluate_state`).
   """
 
   def init_state(self, params, rng): ...
@@ -347,11 +350,23 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
                        time.perf_counter() - t0)
 
   run_eval = None if evaluate is None else (
-      lambda state: evaluate(algorithm.policy_params(state)))
+      lambda state: evaluate_state(algorithm, evaluate, state))
   return harness.run(
       config, workdir, init_state=init_state, train_step=train_step, evaluate=run_eval,
       data=train_data, nonfinite_count=algorithm.nonfinite_count, progress=progress,
       **_LOGGED)
+
+
+def evaluate_state(algorithm: Algorithm, evaluate, state) -> tuple[dict, list[dict]]:
+  """`evaluate` of the train state's evaluated policy: its averaged parameters where the
+  algorithm keeps them (`averaged_params`), with the policy's own scalars beside them under
+  `online/`; else the policy's."""
+  averaged = getattr(algorithm, "averaged_params", lambda state: None)(state)
+  if averaged is None:
+    return evaluate(algorithm.policy_params(state))
+  result, samples = evaluate(averaged)
+  online, _ = evaluate(algorithm.policy_params(state))
+  return {**result, **{f"online/{k}": v for k, v in online.items()}}, samples
 
 
 def _start_precompile(algorithm: Algorithm, collect: Collect, mesh, state, examples,
@@ -425,7 +440,7 @@ def _run_overlapped(config, workdir: str, algorithm: Algorithm, model: zoo.Model
 
   def overlapped_eval(state: overlap.OverlapState):
     pipeline.drain()  # the rewards' host state is not shared across threads
-    return evaluate(algorithm.policy_params(state.train))
+    return evaluate_state(algorithm, evaluate, state.train)
 
   return harness.run(
       config, workdir,

@@ -97,6 +97,57 @@ def test_tiny_grpo_with_kl_epochs_and_minibatches(tmp_path):
   assert step == 2 and meta["step"] == 2
 
 
+def test_the_moving_average_of_the_policy_is_evaluated_and_exported(tmp_path):
+  """config.ema_decay: each checkpoint's average is the previous one moved toward that
+  step's policy by the warmed-up decay (hand recursion from the saved policies), evaluation
+  reports it with the policy's own figures under online/, and export reads it."""
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.ema_decay = 3, 0.2
+  config.checkpoint_every, config.keep_checkpoints = 1, 3
+  workdir = str(tmp_path)
+  grpo.train(config, workdir, progress=False)
+  average = zoo.load("tiny").params
+  for step in (1, 2, 3):
+    state = checkpointing.plain_state(workdir, step)
+    assert int(state["updates"]) == step
+    decay = min(0.2, (1 + step) / (10 + step))  # 0.18, then 0.2
+    average = jax.tree.map(lambda a, p, d=decay: d * np.asarray(a) + (1 - d) * np.asarray(p),
+                           average, state["params"])
+    for want, got in zip(jax.tree.leaves(average), jax.tree.leaves(state["ema_params"]),
+                         strict=True):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+  policy = jax.tree.leaves(state["params"])
+  gap = max(float(np.abs(np.asarray(a) - np.asarray(p)).max())
+            for a, p in zip(jax.tree.leaves(average), policy, strict=True))
+  assert gap > 1e-5  # the average is not the policy
+  for record in _records(workdir, "eval"):
+    assert 0 <= record["accuracy"] <= 1 and 0 <= record["online/accuracy"] <= 1
+  exported = checkpointing.latest_policy_params(workdir)[0]
+  for want, got in zip(jax.tree.leaves(state["ema_params"]), jax.tree.leaves(exported),
+                       strict=True):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_evaluation_reads_the_average_and_reports_the_policy_beside_it():
+  class Averaging:
+    def policy_params(self, state):
+      return state["policy"]
+
+    def averaged_params(self, state):
+      return state["average"]
+
+  def evaluate(params):
+    return {"accuracy": params}, [{"params": params}]
+
+  state = {"policy": 0.25, "average": 0.75}
+  result, samples = rl_loop.evaluate_state(Averaging(), evaluate, state)
+  assert result == {"accuracy": 0.75, "online/accuracy": 0.25}
+  assert samples == [{"params": 0.75}]
+  state["average"] = None  # an algorithm that keeps no average this run
+  assert rl_loop.evaluate_state(Averaging(), evaluate, state) == ({"accuracy": 0.25},
+                                                                  [{"params": 0.25}])
+
+
 @pytest.mark.parametrize("epochs, minibatches", [(1, 1), (2, 2)])
 def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, minibatches):
   """config.pack_replies scores only the reply tokens, packed: the same run up to float

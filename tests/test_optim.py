@@ -1,4 +1,4 @@
-"""Minibatch shuffling in `optim.minibatch_updates`."""
+"""Minibatch shuffling in `optim.minibatch_updates`; the parameters' moving average."""
 
 import jax
 import jax.numpy as jnp
@@ -106,3 +106,18 @@ def test_train_time_clock_scales_adamw_updates_like_a_smaller_rate():
   assert float(stepped.scale(jnp.float32(0.5))) == 1.0 and float(stepped.schedule(2)) < 1e-2
   with pytest.raises(ValueError, match="unknown learning-rate clock 'wall'"):
     optim.make_optimizer(learning_rate=1e-2, total_updates=4, clock="wall")
+
+
+@pytest.mark.parametrize("updates, decay, weight", [
+    (0, 0.99, 1 / 10),     # warm-up: (1 + 0) / (10 + 0) caps the decay
+    (90, 0.99, 91 / 100),  # still in the warm-up
+    (90, 0.5, 0.5),        # past it: the decay itself
+])
+def test_polyak_average_weighs_the_previous_average_by_the_warmed_up_decay(updates, decay,
+                                                                          weight):
+  average = {"w": jnp.full((3,), 2.0), "b": jnp.zeros((), jnp.bfloat16)}
+  params = {"w": jnp.full((3,), 12.0), "b": jnp.ones((), jnp.bfloat16)}
+  moved = optim.polyak_average(average, params, jnp.int32(updates), decay)
+  np.testing.assert_allclose(moved["w"], weight * 2.0 + (1 - weight) * 12.0, rtol=1e-6)
+  assert moved["b"].dtype == jnp.bfloat16  # the average keeps its dtype
+  np.testing.assert_allclose(float(moved["b"]), 1 - weight, rtol=1e-2)

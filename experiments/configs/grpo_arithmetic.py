@@ -177,6 +177,10 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # while the next rollout samples (experiments/grpo.py, GRPOSettings.pack_compile_ahead):
   # the same results, compiled before they are needed.
   c.pack_compile_ahead = 0
+  # Evaluate (and export) the exponential moving average of the policy's parameters over
+  # updates, with this weight on the previous average (GRPOSettings.ema_decay); the
+  # rollouts sample the policy itself. 0: off, the policy is evaluated.
+  c.ema_decay = 0.0
 
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
   # "train_time", the fraction of time_budget_s spent (for time-budgeted runs). It spans
