@@ -2,9 +2,10 @@
 
   .venv/bin/python benchmarks/grpo_step.py
   .venv/bin/python benchmarks/grpo_step.py --prompts 4 --group-size 8 --widths 16,48
+  .venv/bin/python benchmarks/grpo_step.py --dtype bfloat16 --modes shared_prompt,packed
 
-On SmolLM2-135M-Instruct in float32, for P chat-templated arithmetic questions
-x G completions (the race's shapes by default):
+On SmolLM2-135M-Instruct in float32 (or bf16 compute, `--dtype`), for P
+chat-templated arithmetic questions x G completions (the race's shapes by default):
 
 - rollout: `sampler.generate` at temperature 1.0 with one prefill per prompt
   (`samples_per_prompt=G`) against the same prompts repeated G times; both
@@ -23,6 +24,7 @@ one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -64,13 +66,22 @@ def main() -> None:
   ap.add_argument("--max-new-tokens", type=int, default=48)
   ap.add_argument("--widths", default="16,48", help="completion widths of the update batch")
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                  help="compute dtype (float32 parameters either way)")
+  ap.add_argument("--modes", default=",".join(UPDATE_MODES),
+                  help=f"update modes to time, of {','.join(UPDATE_MODES)}")
   args = ap.parse_args()
+  modes = args.modes.split(",")
+  if not set(modes) <= set(UPDATE_MODES) or "shared_prompt" not in modes:
+    ap.error(f"--modes {args.modes}: a comma-separated subset of {UPDATE_MODES} with "
+             "shared_prompt (the speed-ups are against it)")
   p, g = args.prompts, args.group_size
   widths = [int(w) for w in args.widths.split(",")]
   if max(widths) > args.max_new_tokens:
     ap.error(f"--widths {args.widths} must be at most --max-new-tokens {args.max_new_tokens}")
 
   model = zoo.load("smollm2-135m-instruct")
+  model = dataclasses.replace(model, cfg=model.cfg.replace(dtype=args.dtype))
   config = grpo_race.get_config()
   config.prompts_per_step, config.group_size = p, g
   source = data_lib.load_task("arithmetic/mixed", "train")
@@ -83,7 +94,8 @@ def main() -> None:
   print(f"{p} prompts x {g} completions, prompt width {tokens.shape[1]}, "
         f"at most {args.max_new_tokens} new tokens", flush=True)
 
-  results = {"prompts": p, "group_size": g, "prompt_width": int(tokens.shape[1])}
+  results = {"prompts": p, "group_size": g, "prompt_width": int(tokens.shape[1]),
+             "dtype": args.dtype}
   key = jax.random.key(0)
   rollout = {}
   for name, (t, m, spp) in {
@@ -113,7 +125,7 @@ def main() -> None:
     batch = grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
                            old_logp=zeros, ref_logp=zeros, correct=jnp.zeros(p * g))
     row = {}
-    for mode in UPDATE_MODES:
+    for mode in modes:
       config.share_prompt = mode != "per_row"
       config.pack_replies = mode == "packed"
       algorithm = grpo.GRPO(config, model.cfg)
@@ -134,9 +146,11 @@ def main() -> None:
       print(f"update width {width:3d} {mode:14s} {best:6.2f} s   (compile {compile_s:.1f} s)",
             flush=True)
       del state
-    row["speedup"] = round(row["per_row"]["seconds"] / row["shared_prompt"]["seconds"], 2)
-    row["packed_speedup"] = round(row["shared_prompt"]["seconds"] / row["packed"]["seconds"],
-                                  2)
+    if "per_row" in row:
+      row["speedup"] = round(row["per_row"]["seconds"] / row["shared_prompt"]["seconds"], 2)
+    if "packed" in row:
+      row["packed_speedup"] = round(row["shared_prompt"]["seconds"] / row["packed"]["seconds"],
+                                    2)
     update[str(width)] = row
   results["update"] = update
   print(json.dumps(results))

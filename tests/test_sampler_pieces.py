@@ -3,13 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sampler_steps import decode as _decode
+from sampler_steps import extend as _extend
+from sampler_steps import prefill as _prefill
 
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.rollout import sampler as sampler_lib
-
-_prefill = jax.jit(sampler_lib.prefill, static_argnames=("cfg", "cache_len", "samples_per_prompt"))
-_extend = jax.jit(sampler_lib.extend, static_argnames=("cfg",))
-_decode = jax.jit(sampler_lib.decode, static_argnames=("cfg", "sampling", "keep_cache"))
 
 # Row 0 has a long history and a short block, row 1 the reverse; row 2's block is empty.
 HISTORY = [[5, 9, 14, 20, 31, 8], [7, 3], [11, 12, 13]]

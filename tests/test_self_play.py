@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sampler_steps import decode as _decode
+from sampler_steps import prefill as _prefill
 
 from experiments import grpo
 from experiments.configs import grpo_tic_tac_toe_self_play
@@ -17,11 +19,6 @@ from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import multiturn, scoring, self_play
 from jaxrl_agents.rollout import sampler as sampler_lib
-
-# Jitted for the Python-loop references: eager, the prefill's forward would compile each
-# of its ops on its own, every turn.
-_prefill = jax.jit(sampler_lib.prefill, static_argnames=("cfg", "cache_len", "samples_per_prompt"))
-_decode = jax.jit(sampler_lib.decode, static_argnames=("cfg", "sampling", "keep_cache"))
 
 
 @pytest.fixture(scope="module")
