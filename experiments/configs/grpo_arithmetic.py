@@ -14,8 +14,8 @@ by `benchmarks/entropy_control.py` (README, "Keeping the policy exploring").
 Expected on a 2-core CPU (measured, three seeds on one machine): held-out
 strict accuracy on the 100-question test split 0.32 before training, 0.50-0.69
 after 25 steps, 0.62-0.74 after 50, in about 4 minutes of training on a Zen 5
-EPYC (the standard error of each figure is about 5 points; machines differ by
-more). Details in
+EPYC; 0.54-0.65 and 0.57-0.68 in 8-10 minutes on an AVX-512 + AMX Xeon (the
+standard error of each figure is about 5 points; machines differ by more). Details in
 the README's "Main job" section. Other GRPO and PPO configs build on
 `base_config` (no token control, a constant rate).
 
