@@ -59,6 +59,60 @@ def best_of(fn, repeats: int) -> tuple[float, float]:
   return max(0.0, first - min(times)), min(times)
 
 
+def time_rollouts(model, tokens, mask, sampling, g: int, key, repeats: int) -> dict:
+  """The rollout with each prompt repeated G times against one prefill per prompt."""
+  rollout = {}
+  for name, (t, m, spp) in {
+      "repeated_prompts": (np.repeat(tokens, g, 0), np.repeat(mask, g, 0), 1),
+      "shared_prefill": (tokens, mask, g)}.items():
+    t, m = jnp.asarray(t), jnp.asarray(m)
+    compile_s, best = best_of(lambda t=t, m=m, spp=spp: sampler_lib.generate(
+        model.params, model.cfg, t, m, key, sampling, samples_per_prompt=spp).tokens,
+        repeats)
+    rollout[name] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
+    print(f"rollout {name:17s} {best:6.2f} s   (compile {compile_s:.1f} s)", flush=True)
+  rollout["speedup"] = round(rollout["repeated_prompts"]["seconds"]
+                             / rollout["shared_prefill"]["seconds"], 2)
+  return rollout
+
+
+def update_batch(tokens, mask, g: int, width: int, rng: np.random.Generator) -> grpo.GRPOBatch:
+  """A GRPO batch of the prompts' groups with completions of lengths drawn up to `width`."""
+  rows = tokens.shape[0] * g
+  lengths = rng.integers(1, width + 1, size=rows)
+  completion_mask = np.arange(width)[None, :] < lengths[:, None]
+  completion = np.where(completion_mask, rng.integers(100, 1000, size=(rows, width)), 0)
+  traj = types.single_turn(
+      jnp.repeat(jnp.asarray(tokens), g, 0), jnp.repeat(jnp.asarray(mask), g, 0),
+      jnp.asarray(completion, jnp.int32), jnp.asarray(completion_mask),
+      jnp.zeros(completion.shape))
+  zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
+  return grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=rows), jnp.float32),
+                        old_logp=zeros, ref_logp=zeros, correct=jnp.zeros(rows))
+
+
+def time_update(model, config, batch: grpo.GRPOBatch, mode: str, key, repeats: int) -> dict:
+  """{seconds, compile_s[, slots]} of the GRPO experiment's update of `batch` in `mode`."""
+  config.share_prompt = mode != "per_row"
+  config.pack_replies = mode == "packed"
+  algorithm = grpo.GRPO(config, model.cfg)
+  if mode == "packed":  # the slots a run's later update of this batch gets
+    slots = scoring.packed_slots(batch.traj, rows=batch.advantages.shape[0],
+                                 group_size=config.group_size)
+    batch = batch._replace(packed_slots=jnp.zeros((slots,), bool))
+  state = [algorithm.init_state(jax.tree.map(jnp.copy, model.params), key)]
+
+  def step():
+    state[0], metrics = algorithm.update(state[0], batch, key, progress=0.0)
+    return metrics["loss"]
+
+  compile_s, best = best_of(step, repeats)
+  result = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
+  if batch.packed_slots is not None:
+    result["slots"] = int(batch.packed_slots.shape[0])
+  return result
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--prompts", type=int, default=4)
@@ -84,6 +138,8 @@ def main() -> None:
   model = dataclasses.replace(model, cfg=model.cfg.replace(dtype=args.dtype))
   config = grpo_race.get_config()
   config.prompts_per_step, config.group_size = p, g
+  # One program timed at a time: nothing compiles ahead in the background meanwhile.
+  config.pack_compile_ahead = 0
   source = data_lib.load_task("arithmetic/mixed", "train")
   examples = [source[i] for i in range(p)]
   prompts = single_turn.format_prompts(examples, config.prompt_template)
@@ -94,58 +150,19 @@ def main() -> None:
   print(f"{p} prompts x {g} completions, prompt width {tokens.shape[1]}, "
         f"at most {args.max_new_tokens} new tokens", flush=True)
 
-  results = {"prompts": p, "group_size": g, "prompt_width": int(tokens.shape[1]),
-             "dtype": args.dtype}
   key = jax.random.key(0)
-  rollout = {}
-  for name, (t, m, spp) in {
-      "repeated_prompts": (np.repeat(tokens, g, 0), np.repeat(mask, g, 0), 1),
-      "shared_prefill": (tokens, mask, g)}.items():
-    t, m = jnp.asarray(t), jnp.asarray(m)
-    compile_s, best = best_of(lambda t=t, m=m, spp=spp: sampler_lib.generate(
-        model.params, model.cfg, t, m, key, sampling, samples_per_prompt=spp).tokens,
-        args.repeats)
-    rollout[name] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
-    print(f"rollout {name:17s} {best:6.2f} s   (compile {compile_s:.1f} s)", flush=True)
-  rollout["speedup"] = round(rollout["repeated_prompts"]["seconds"]
-                             / rollout["shared_prefill"]["seconds"], 2)
-  results["rollout"] = rollout
-
+  results = {"prompts": p, "group_size": g, "prompt_width": int(tokens.shape[1]),
+             "dtype": args.dtype,
+             "rollout": time_rollouts(model, tokens, mask, sampling, g, key, args.repeats)}
   rng = np.random.default_rng(0)
   update = {}
   for width in widths:
-    lengths = rng.integers(1, width + 1, size=p * g)
-    completion_mask = np.arange(width)[None, :] < lengths[:, None]
-    completion = np.where(completion_mask, rng.integers(100, 1000, size=(p * g, width)), 0)
-    traj = types.single_turn(
-        jnp.repeat(jnp.asarray(tokens), g, 0), jnp.repeat(jnp.asarray(mask), g, 0),
-        jnp.asarray(completion, jnp.int32), jnp.asarray(completion_mask),
-        jnp.zeros(completion.shape))
-    zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
-    batch = grpo.GRPOBatch(traj=traj, advantages=jnp.asarray(rng.normal(size=p * g), jnp.float32),
-                           old_logp=zeros, ref_logp=zeros, correct=jnp.zeros(p * g))
+    batch = update_batch(tokens, mask, g, width, rng)
     row = {}
     for mode in modes:
-      config.share_prompt = mode != "per_row"
-      config.pack_replies = mode == "packed"
-      algorithm = grpo.GRPO(config, model.cfg)
-      step_batch = batch
-      if mode == "packed":  # the slots a run's later update of this batch gets
-        slots = scoring.packed_slots(traj, rows=p * g, group_size=g)
-        step_batch = batch._replace(packed_slots=jnp.zeros((slots,), bool))
-      state = [algorithm.init_state(jax.tree.map(jnp.copy, model.params), key)]
-
-      def step(algorithm=algorithm, state=state, batch=step_batch):
-        state[0], metrics = algorithm.update(state[0], batch, key, progress=0.0)
-        return metrics["loss"]
-
-      compile_s, best = best_of(step, args.repeats)
-      row[mode] = {"seconds": round(best, 3), "compile_s": round(compile_s, 1)}
-      if step_batch.packed_slots is not None:
-        row[mode]["slots"] = int(step_batch.packed_slots.shape[0])
-      print(f"update width {width:3d} {mode:14s} {best:6.2f} s   (compile {compile_s:.1f} s)",
-            flush=True)
-      del state
+      row[mode] = time_update(model, config, batch, mode, key, args.repeats)
+      print(f"update width {width:3d} {mode:14s} {row[mode]['seconds']:6.2f} s   "
+            f"(compile {row[mode]['compile_s']:.1f} s)", flush=True)
     if "per_row" in row:
       row["speedup"] = round(row["per_row"]["seconds"] / row["shared_prompt"]["seconds"], 2)
     if "packed" in row:
