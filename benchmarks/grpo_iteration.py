@@ -50,6 +50,9 @@ def run_ours(workdir: str, steps: int, cache: str) -> dict:
            "rewards": "{'last_integer': 1.0}", "grader": "last_integer",
            # plain GRPO, as tunix runs it: not the main job's exploration controls
            "token_control.name": "none", "optimizer.decay": "constant",
+           # nor its background compiles ahead of need (8 timed iterations would run beside
+           # compiles of programs they may never use) or its compaction (8 rows)
+           "pack_compile_ahead": 0, "compact_min_rows": 0,
            "reward_time_limit_s": 0.0, "eval_every": 0, "eval_size": 2,
            "checkpoint_every": 10_000, "sample_every": 1, "samples_per_log": PROMPTS * GENERATIONS,
            "tensorboard": False}
