@@ -44,6 +44,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +57,6 @@ from jaxrl_agents import host_memory
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.models import zoo
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH, SEQ = 8, 256
 
 
@@ -159,7 +159,8 @@ def main():
   model = zoo.load(zoo.DEFAULT_MODEL)
   hf_dir = zoo.smollm2_dir()
   tokens = batch_tokens(model.cfg.vocab_size)
-  tokens_file = os.path.join(HERE, ".train_step_tokens.npy")
+  # The baselines' workers read the batch from here (outside the repository).
+  tokens_file = os.path.join(tempfile.mkdtemp(prefix="train_step_"), "tokens.npy")
   np.save(tokens_file, tokens)
   limits = machine_limits()
   cpu = cpu_info.describe()
