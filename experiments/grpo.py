@@ -827,10 +827,29 @@ def validate(config) -> None:
   if not 0.0 <= settings.ema_decay < 1.0:  # NaN fails too
     raise ValueError(f"ema_decay {settings.ema_decay} must be in [0, 1): the weight of the "
                      "previous average in the policy's moving average (0: off)")
+  _validate_resample_rounds(config)
   ahead = config.get("pack_compile_ahead", 0)
   if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
     raise ValueError(f"pack_compile_ahead {ahead!r} must be an int >= 0: how many packed "
                      "slot counts to compile ahead of need (0: none)")
+
+
+def _validate_resample_rounds(config) -> None:
+  rounds = config.get("resample_rounds", 0)
+  if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+    raise ValueError(f"resample_rounds {rounds!r} must be an int >= 0: how many more batches "
+                     "of prompts a step may sample while too few groups vary (0: off)")
+  if not rounds:
+    return
+  if config.get("env"):
+    raise ValueError("resample_rounds samples more prompts from a dataset; an environment run "
+                     "draws its tasks each step: set resample_rounds=0")
+  if config.get("overlap", False):
+    raise ValueError("resample_rounds is not supported with config.overlap (the next rollout "
+                     "is sampled during the update): set one of them off")
+  if config.group_size < 2:
+    raise ValueError(f"resample_rounds looks for groups whose rewards vary; group_size "
+                     f"{config.group_size} has none: use group_size >= 2")
 
 
 def _validate_role_advantage(config) -> None:

@@ -251,6 +251,9 @@ def validate(config) -> None:
   if config.get("skip_zero_advantage_rows", False):
     raise ValueError("config.skip_zero_advantage_rows leaves GRPO's rows without advantage out "
                      "of the update; PPO's value loss trains on every row: set it to False")
+  if config.get("resample_rounds", 0):
+    raise ValueError("config.resample_rounds samples again until enough GRPO groups have "
+                     "reward variance; PPO trains on every sample: set resample_rounds=0")
   if config.get("ema_decay", 0.0):
     raise ValueError("config.ema_decay (the evaluated moving average of the policy) is GRPO's "
                      "for now; set it to 0")

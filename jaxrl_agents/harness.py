@@ -140,7 +140,8 @@ BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": 
                      "overlap": False, "off_policy.correction": "none", "off_policy.cap": 2.0,
                      "pack_replies": False, "pack_below": 1.0, "optimizer.decay_over": 1.0,
                      "drop_tied_groups": False, "skip_zero_advantage_rows": False,
-                     "pack_compile_ahead": 0, "compact_min_rows": 0, "ema_decay": 0.0}
+                     "pack_compile_ahead": 0, "compact_min_rows": 0, "ema_decay": 0.0,
+                     "resample_rounds": 0}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",

@@ -142,6 +142,71 @@ def tied_groups(rewards: np.ndarray) -> np.ndarray:
   return (hi == rewards.min(axis=1)) & np.isfinite(hi)
 
 
+def varied_first(rounds: Sequence[Rollout], group_size: int, max_new_tokens: int) -> Rollout:
+  """One round's worth of groups from several rounds of the same prompt count: every group
+  whose rewards vary, in sampling order, then the first round's tied groups, up to the
+  first round's number of groups (`resample_until_varied`).
+
+  The reply columns are trimmed to what the kept rows need, bucketed as a rollout trims
+  them (`single_turn.trimmed_width`), so a long reply in a group left out does not widen
+  the update; prompts are left-padded to the widest round's. Single-turn rollouts only.
+  """
+  first = rounds[0]
+  if any(r.turn_keys is not None or r.roles is not None for r in rounds):
+    raise ValueError("varied_first takes single-turn rollouts (no turn keys, no roles)")
+  groups = first.rewards.size // group_size
+  tied = [tied_groups(r.rewards.reshape(-1, group_size)) for r in rounds]
+  order = [(i, g) for i, t in enumerate(tied) for g in np.flatnonzero(~t)]
+  order += [(0, g) for g in np.flatnonzero(tied[0])]
+  offsets = np.cumsum([0] + [r.rewards.size for r in rounds])
+  rows = np.concatenate([offsets[i] + g * group_size + np.arange(group_size)
+                         for i, g in order[:groups]])
+  pick = lambda values: [values[k] for k in rows]  # noqa: E731
+  cat = lambda name: np.concatenate([getattr(r, name) for r in rounds])[rows]  # noqa: E731
+  traj = jax.tree.map(lambda x: x[rows], types.concatenate_rows([r.traj for r in rounds]))
+  lengths = distributed.to_host(traj.policy_mask).sum(-1)
+  traj = types.with_reply_columns(traj, single_turn.trimmed_width(lengths, max_new_tokens))
+  details = (None if any(r.details is None for r in rounds)
+             else pick([d for r in rounds for d in r.details]))
+  return Rollout(
+      traj=traj, examples=pick([e for r in rounds for e in r.examples]),
+      prompts=pick([p for r in rounds for p in r.prompts]),
+      completions=pick([c for r in rounds for c in r.completions]),
+      rewards=cat("rewards"), correct=cat("correct"),
+      components={k: np.concatenate([r.components[k] for r in rounds])[rows]
+                  for k in first.components},
+      prompts_truncated=sum(r.prompts_truncated for r in rounds), details=details)
+
+
+def resample_until_varied(collect: Collect, params, next_examples: Callable[[], Any],
+                          rng: jax.Array, first: Rollout, extra: Mapping[str, float], *,
+                          need: int, max_rounds: int, group_size: int, max_new_tokens: int
+                          ) -> tuple[Rollout, dict[str, float]]:
+  """DAPO's dynamic sampling: while fewer than `need` groups of what was sampled have reward
+  variance, sample another batch of prompts (`next_examples()`), at most `max_rounds`
+  more; then `varied_first` of all rounds.
+
+  A group whose rewards tie gets zero group-relative advantage: once most groups tie
+  (a policy sure of its answers), a fixed batch trains on a few groups and dilutes them
+  with the rest. Each extra round has the first one's shapes (no new compilation); its
+  key is `rng` folded with the round. The record gets `resample_rounds` (the extra rounds
+  sampled) and `varied_groups_sampled`; the other extra scalars are summed over rounds.
+  """
+  rounds, extra = [first], dict(extra)
+  varied = lambda r: int((~tied_groups(r.rewards.reshape(-1, group_size))).sum())  # noqa: E731
+  count = varied(first)
+  while count < need and len(rounds) <= max_rounds:
+    more, more_extra = collect(params, next_examples(), jax.random.fold_in(rng, len(rounds)))
+    rounds.append(more)
+    count += varied(more)
+    for k, v in more_extra.items():
+      extra[k] = extra.get(k, 0) + v
+  extra.update(resample_rounds=len(rounds) - 1, varied_groups_sampled=count)
+  if len(rounds) == 1:
+    return first, extra
+  return varied_first(rounds, group_size, max_new_tokens), extra
+
+
 def rollout_metrics(r: Rollout, group_size: int, max_new_tokens: int) -> dict[str, float]:
   """Reward, accuracy and length statistics of a rollout batch."""
   lengths = distributed.to_host(r.traj.policy_mask).sum(-1)
@@ -345,7 +410,13 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
     if not precompile_started:
       precompile_started = True
       _start_precompile(algorithm, collect, mesh, state, examples, update_rng)
-    r, extra = collect(algorithm.policy_params(state), examples, rollout_rng)
+    params = algorithm.policy_params(state)
+    r, extra = collect(params, examples, rollout_rng)
+    if config.get("resample_rounds", 0):
+      r, extra = resample_until_varied(
+          collect, params, lambda: next(train_data), rollout_rng, r, extra,
+          need=config.prompts_per_step, max_rounds=config.resample_rounds,
+          group_size=config.group_size, max_new_tokens=config.max_new_tokens)
     return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction,
                        time.perf_counter() - t0)
 

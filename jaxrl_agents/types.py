@@ -13,6 +13,8 @@ columns (`prompt_width`, static).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,6 +133,49 @@ def with_reply_width(traj: Trajectory, width: int) -> Trajectory:
   fill = dict(tokens=0, valid=False, policy_mask=False, turn_id=-1, sampling_logprobs=0.0)
   return traj.replace(**{name: jnp.pad(getattr(traj, name), ((0, 0), (0, extra)),
                                        constant_values=fill[name]) for name in COLUMN_FIELDS})
+
+
+def with_reply_columns(traj: Trajectory, width: int) -> Trajectory:
+  """The trajectory with exactly `width` columns after the prompt: right-padded
+  (`with_reply_width`) or cut. Cutting a policy token is an error; single-block replies
+  only."""
+  if traj.reply_spans:
+    raise ValueError("with_reply_columns takes single-turn trajectories (no reply_spans)")
+  keep = traj.prompt_width + width
+  if keep >= traj.tokens.shape[1]:
+    return with_reply_width(traj, width)
+  if distributed.to_host(traj.policy_mask)[:, keep:].any():
+    raise ValueError(f"cutting the replies to {width} columns would drop policy tokens")
+  return traj.replace(**{name: getattr(traj, name)[:, :keep] for name in COLUMN_FIELDS})
+
+
+def with_prompt_width(traj: Trajectory, width: int) -> Trajectory:
+  """The trajectory with a `width`-column prompt: left-padded with invalid, non-policy
+  columns (the same episodes: positions come from `valid`). As it is when its prompt
+  is that wide; a narrower width is an error."""
+  extra = width - traj.prompt_width
+  if extra < 0:
+    raise ValueError(f"prompt width {width} is narrower than the trajectory's "
+                     f"{traj.prompt_width}")
+  if extra == 0:
+    return traj
+  fill = dict(tokens=0, valid=False, policy_mask=False, turn_id=-1, sampling_logprobs=0.0)
+  spans = tuple((start + extra, w) for start, w in traj.reply_spans)
+  return traj.replace(prompt_width=width, reply_spans=spans,
+                      **{name: jnp.pad(getattr(traj, name), ((0, 0), (extra, 0)),
+                                       constant_values=fill[name]) for name in COLUMN_FIELDS})
+
+
+def concatenate_rows(trajs: Sequence[Trajectory]) -> Trajectory:
+  """One trajectory of the rows of `trajs`, in order: prompts left-padded and replies
+  right-padded to the widest (`with_prompt_width`, `with_reply_width`). Single-block
+  replies only (no `reply_spans`): turn blocks of different widths do not line up."""
+  if any(t.reply_spans for t in trajs):
+    raise ValueError("concatenate_rows takes single-turn trajectories (no reply_spans)")
+  prompt = max(t.prompt_width for t in trajs)
+  reply = max(t.tokens.shape[1] - t.prompt_width for t in trajs)
+  padded = [with_reply_width(with_prompt_width(t, prompt), reply) for t in trajs]
+  return jax.tree.map(lambda *leaves: jnp.concatenate(leaves), *padded)
 
 
 def with_outcome(traj: Trajectory, rewards) -> Trajectory:

@@ -118,6 +118,10 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Sample oversample x prompts_per_step prompts per step and train on the
   # prompts_per_step groups whose rewards vary (experiments.grpo.select_groups).
   c.oversample = 1
+  # DAPO's dynamic sampling: while fewer than prompts_per_step of the sampled groups have
+  # reward variance, sample up to this many more batches of prompts and keep the varied
+  # groups (rl_loop.resample_until_varied; 0: off).
+  c.resample_rounds = 0
   # Leave the groups whose rewards tie (zero advantage) out of the update's token mean
   # and its packed tokens (experiments.grpo.without_tied_groups).
   c.drop_tied_groups = False
