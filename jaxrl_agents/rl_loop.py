@@ -15,6 +15,9 @@ and the eval records; samples.jsonl the prompts, completions and rewards.
 Randomness derives from (seed, step) alone, so a run resumed from a checkpoint
 continues exactly as if it had never stopped (bitwise on CPU).
 
+With `config.resample_rounds` a step samples more batches of prompts while too few of
+its groups have reward variance (DAPO's dynamic sampling, `resample_until_varied`).
+
 With `config.overlap` the next step's rollout samples while this step's update
 runs, one update behind the policy (`overlap.py`); the train state is then an
 `overlap.OverlapState` around the algorithm's.

@@ -168,6 +168,18 @@ a tenth of the peak from 10 minutes on), the same machine and day, the project's
 alone for 12.5 minutes: 0.26 .41 .56 .64 .69 .74 in 57 steps, against this config's
 .37 .58 .60 .71 .75 (race 10) and .35 .63 .64 .71 .75 (the policy of the screen above):
 no earlier. The entropy fell to 0.16 nats by step 19.
+
+DAPO's dynamic sampling (`resample_rounds=2`: while fewer than 4 of the groups sampled
+so far vary, up to two more batches of 8 prompts; README, after
+`skip_zero_advantage_rows`), the project's side alone for 12.5 minutes, the same kind
+of machine, 2026-12-02: 0.26 .39 .64 .70 .74 .76 at 2.5-minute marks (steps 4, 12, 24,
+39, 54), against .37 .58 .60 .71 .75 (race 10), .35 .63 .64 .71 .75 and .41 .56 .64
+.69 .74 (the two screens above). From step 16 on a step sampled 0.91 extra batches on
+average and found 4.7 varied groups (race 10: 2.6 in its 8), its rollouts 5.6 s
+(median) against 2.9, its steps 10.2 s against 7.8. The whole race with it (README,
+"Learning race"): 0.26 .39 .54 .65 .73 .73 .77 .78 .77 .76 .77 .78 .78 in 126 steps,
+TRL 0.26 .28 .37 .57 .62 .62 .66 .65 .66 .70 .70 .75 .76 in 159 (speedup 1.98, final
++2). Not taken.
 """
 
 import ml_collections
