@@ -121,7 +121,8 @@ after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
 0.26 .54 (5 min; entropy under 0.1 nats by step 12); 3e-5 0.26 .66 .61 (5,
 10 min), against 2e-5's .63 .69 in the race above. Neither reaches TRL's final
 (0.68-0.75) by the 5-minute evaluation, which a speedup of 3 would need. Not
-swept: group size, clip settings, rates under 2e-5, updates per rollout.
+swept then: group size (screened 2026-12-02, below), clip settings (with one update
+per rollout the ratio is 1 and nothing clips), rates under 2e-5, updates per rollout.
 
 The packed update programs compiled ahead (`pack_compile_ahead=2`, this config
 since 2026-11-29): after each update the programs for the next two slot counts
@@ -180,6 +181,13 @@ average and found 4.7 varied groups (race 10: 2.6 in its 8), its rollouts 5.6 s
 "Learning race"): 0.26 .39 .54 .65 .73 .73 .77 .78 .77 .76 .77 .78 .78 in 126 steps,
 TRL 0.26 .28 .37 .57 .62 .62 .66 .65 .66 .70 .70 .75 .76 in 159 (speedup 1.98, final
 +2). Not taken.
+
+Groups of 16 on 2 prompts per step (`group_size=16`, `prompts_per_step=2`: 4 prompts
+sampled, the same 64 replies a step and 32 rows an update), the project's side alone for
+12.5 minutes against race 12's TRL side, the same machine and day: 0.26 .53 .59 .58 .67
+.69 at 2.5-minute marks (steps 4, 13, 30, 49, 68). Ahead at 2.5 minutes, behind from
+7.5 on (race 10: .60 .71 .75): from step 16, 58% of the sampled groups still tied, all
+four in 13 of 59 steps. Not taken.
 """
 
 import ml_collections
