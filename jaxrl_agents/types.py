@@ -24,6 +24,8 @@ from jaxrl_agents import distributed
 
 # The Trajectory's fields with one entry per column, [B, T].
 COLUMN_FIELDS = ("tokens", "valid", "policy_mask", "turn_id", "sampling_logprobs")
+# What a padding column holds in each: no token anyone sees, samples or is scored on.
+_PADDING = dict(tokens=0, valid=False, policy_mask=False, turn_id=-1, sampling_logprobs=0.0)
 
 
 @struct.dataclass
@@ -130,9 +132,8 @@ def with_reply_width(traj: Trajectory, width: int) -> Trajectory:
   extra = traj.prompt_width + width - traj.tokens.shape[1]
   if extra <= 0 or traj.reply_spans:
     return traj
-  fill = dict(tokens=0, valid=False, policy_mask=False, turn_id=-1, sampling_logprobs=0.0)
   return traj.replace(**{name: jnp.pad(getattr(traj, name), ((0, 0), (0, extra)),
-                                       constant_values=fill[name]) for name in COLUMN_FIELDS})
+                                       constant_values=_PADDING[name]) for name in COLUMN_FIELDS})
 
 
 def with_reply_columns(traj: Trajectory, width: int) -> Trajectory:
@@ -159,11 +160,10 @@ def with_prompt_width(traj: Trajectory, width: int) -> Trajectory:
                      f"{traj.prompt_width}")
   if extra == 0:
     return traj
-  fill = dict(tokens=0, valid=False, policy_mask=False, turn_id=-1, sampling_logprobs=0.0)
   spans = tuple((start + extra, w) for start, w in traj.reply_spans)
   return traj.replace(prompt_width=width, reply_spans=spans,
                       **{name: jnp.pad(getattr(traj, name), ((0, 0), (extra, 0)),
-                                       constant_values=fill[name]) for name in COLUMN_FIELDS})
+                                       constant_values=_PADDING[name]) for name in COLUMN_FIELDS})
 
 
 def concatenate_rows(trajs: Sequence[Trajectory]) -> Trajectory:
