@@ -282,35 +282,11 @@ def _turn_credit_settings(config) -> dict:
               step_weight=float(tc.step_weight))
 
 
-def kept_groups(rewards: np.ndarray, keep: int) -> np.ndarray:
-  """Indices of the `keep` groups the update trains on, out of the sampled ones.
-
-  A group whose rewards all tie has zero group-relative advantage and adds
-  nothing but compute (and dilution of a token mean) to the update. With
-  `oversample` > 1 a step samples more groups than it trains on and keeps
-  those with reward variance, in sampling order (the loader's order is already
-  random), topping up with tied groups when too few vary, so the update's
-  shape never changes: DAPO's dynamic sampling with a fixed batch instead of
-  resampling until full.
-
-  Args:
-    rewards: f32[groups, G] total rewards.
-    keep: groups to keep (<= groups).
-  """
-  groups = rewards.shape[0]
-  if keep > groups:
-    raise ValueError(f"cannot keep {keep} groups of {groups} sampled")
-  if keep == groups:
-    return np.arange(groups)
-  tied = rl_loop.tied_groups(rewards)
-  return np.sort(np.argsort(tied, kind="stable")[:keep])
-
-
 def select_groups(traj: types.Trajectory, rewards: np.ndarray, keep: int
                   ) -> tuple[types.Trajectory, np.ndarray]:
-  """(the kept groups' rows, their rewards f32[keep, G]); see `kept_groups`."""
+  """(the kept groups' rows, their rewards f32[keep, G]); see `rl_loop.kept_groups`."""
   groups, g = rewards.shape
-  kept = kept_groups(rewards, keep)
+  kept = rl_loop.kept_groups(rewards, keep)
   if len(kept) == groups:
     return traj, rewards
   rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
@@ -322,7 +298,7 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
   """The kept groups' rows, their f32[B] advantages (a registered estimator) and verdicts."""
   g = s.group_size
   totals = np.asarray(r.rewards).reshape(-1, g)
-  kept = kept_groups(totals, s.prompts_per_step)
+  kept = rl_loop.kept_groups(totals, s.prompts_per_step)
   rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
   traj = r.traj if len(kept) == totals.shape[0] else jax.tree.map(lambda x: x[rows], r.traj)
   kwargs = dict(s.advantage_kwargs)
@@ -348,7 +324,7 @@ def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size:
                         ) -> types.Trajectory:
   """`traj` with no policy tokens in the groups whose rewards tie.
 
-  Ties are read from the rewards (`rl_loop.tied_groups`, the rule `kept_groups`
+  Ties are read from the rewards (`rl_loop.tied_groups`, the rule `rl_loop.kept_groups`
   and the estimators use: all rewards equal). Such a group adds no policy
   gradient (its advantages are exactly 0), but its
   tokens count in a token mean's denominator: with 1 group of 4 that varies,

@@ -145,10 +145,34 @@ def tied_groups(rewards: np.ndarray) -> np.ndarray:
   return (hi == rewards.min(axis=1)) & np.isfinite(hi)
 
 
+def kept_groups(rewards: np.ndarray, keep: int) -> np.ndarray:
+  """Indices of the `keep` groups the update trains on, out of the sampled ones.
+
+  A group whose rewards all tie has zero group-relative advantage and adds
+  nothing but compute (and dilution of a token mean) to the update. With
+  `oversample` > 1 a step samples more groups than it trains on and keeps
+  those with reward variance, in sampling order (the loader's order is already
+  random), topping up with tied groups when too few vary, so the update's
+  shape never changes: DAPO's dynamic sampling with a fixed batch instead of
+  resampling until full (which `resample_until_varied` adds).
+
+  Args:
+    rewards: f32[groups, G] total rewards.
+    keep: groups to keep (<= groups).
+  """
+  groups = rewards.shape[0]
+  if keep > groups:
+    raise ValueError(f"cannot keep {keep} groups of {groups} sampled")
+  if keep == groups:
+    return np.arange(groups)
+  tied = tied_groups(rewards)
+  return np.sort(np.argsort(tied, kind="stable")[:keep])
+
+
 def varied_first(rounds: Sequence[Rollout], group_size: int, max_new_tokens: int) -> Rollout:
-  """One round's worth of groups from several rounds of the same prompt count: every group
-  whose rewards vary, in sampling order, then the first round's tied groups, up to the
-  first round's number of groups (`resample_until_varied`).
+  """The groups `kept_groups` keeps of several rounds' together, as many as one round has
+  (`resample_until_varied`): every group whose rewards vary, topped up with tied ones
+  (always the first round's), in sampling order.
 
   The reply columns are trimmed to what the kept rows need, bucketed as a rollout trims
   them (`single_turn.trimmed_width`), so a long reply in a group left out does not widen
@@ -157,13 +181,9 @@ def varied_first(rounds: Sequence[Rollout], group_size: int, max_new_tokens: int
   first = rounds[0]
   if any(r.turn_keys is not None or r.roles is not None for r in rounds):
     raise ValueError("varied_first takes single-turn rollouts (no turn keys, no roles)")
-  groups = first.rewards.size // group_size
-  tied = [tied_groups(r.rewards.reshape(-1, group_size)) for r in rounds]
-  order = [(i, g) for i, t in enumerate(tied) for g in np.flatnonzero(~t)]
-  order += [(0, g) for g in np.flatnonzero(tied[0])]
-  offsets = np.cumsum([0] + [r.rewards.size for r in rounds])
-  rows = np.concatenate([offsets[i] + g * group_size + np.arange(group_size)
-                         for i, g in order[:groups]])
+  rewards = np.concatenate([r.rewards for r in rounds]).reshape(-1, group_size)
+  kept = kept_groups(rewards, first.rewards.size // group_size)
+  rows = (kept[:, None] * group_size + np.arange(group_size)).reshape(-1)
   pick = lambda values: [values[k] for k in rows]  # noqa: E731
   cat = lambda name: np.concatenate([getattr(r, name) for r in rounds])[rows]  # noqa: E731
   traj = jax.tree.map(lambda x: x[rows], types.concatenate_rows([r.traj for r in rounds]))

@@ -106,9 +106,13 @@ def test_varied_first_keeps_varied_groups_then_the_first_rounds_tied_ones():
   assert out.traj.tokens.shape[1] == 3 + 8
   for row, (src, i) in enumerate([(r0, 2), (r0, 3), (r1, 0), (r1, 1), (r1, 4), (r1, 5)]):
     assert _real(out.traj, row) == _real(src.traj, i)
-  # Too few varied groups: the first round's tied groups top up, in order.
+  # Too few varied groups: the first round's tied groups top up, in sampling order.
   few = rl_loop.varied_first([r0, _rollout([1] * 6, [1] * 6, first_id=200)], 2, 48)
-  assert few.prompts == ["q2", "q3", "q0", "q1", "q4", "q5"]
+  assert few.prompts == ["q0", "q1", "q2", "q3", "q4", "q5"]
+  # One varied group in each of two rounds: the first round's first tied group tops up, and
+  # sits before the second round's varied group in the batch, as sampled.
+  mixed = rl_loop.varied_first([r0, _rollout([0, 0, 0, 1, 1, 1], [1] * 6, first_id=200)], 2, 48)
+  assert mixed.prompts == ["q0", "q1", "q2", "q3", "q202", "q203"]
 
 
 def test_resample_until_varied_samples_until_enough_groups_vary():
@@ -139,7 +143,7 @@ def test_resample_until_varied_samples_until_enough_groups_vary():
   out, extra = rl_loop.resample_until_varied(collect, None, lambda: next(batches), rng,
                                              rounds[0], {}, max_rounds=1, **kw)
   assert len(calls) == 1 and extra["resample_rounds"] == 1
-  assert out.prompts == ["q2", "q3", "q0", "q1"]
+  assert out.prompts == ["q0", "q1", "q2", "q3"]  # the tied group tops up, in sampling order
   # Enough already: nothing more sampled, the rollout as it was.
   calls.clear()
   out, extra = rl_loop.resample_until_varied(collect, None, lambda: next(batches), rng,
