@@ -36,7 +36,9 @@ transformers grading of each side's final policy): the questions only one side
 gets right, the difference with its paired standard error, and McNemar's exact
 p-value. On 100 questions a final's own standard error is about 4 points; the
 pairing removes the questions both sides get right (or wrong) from the
-comparison's noise.
+comparison's noise. `accuracy_by_group` splits the start and both finals by
+problem group (add1, sub1, add2, sub2, mul_table: 20 questions each), which shows
+where the answers still fail.
 """
 
 from __future__ import annotations
@@ -72,13 +74,16 @@ def read_jsonl(path: str) -> list[dict]:
 def prepare(out: str, eval_size: int) -> dict[str, str]:
   """Task files for the TRL side and the shared model directory."""
   from jaxrl_agents import data as data_lib
+  from jaxrl_agents.data import arithmetic
   from jaxrl_agents.models import zoo
 
   def rows(split, limit=None):
     source = data_lib.load_task("arithmetic/mixed", split)
     n = len(source) if limit is None else min(limit, len(source))
-    return [{"question": source[i]["question"], "answer": source[i]["answer"]}
-            for i in range(n)]
+    # The group (add1, sub2, ...) is for the report's breakdown; TRL reads only the
+    # question and the answer.
+    return [{"question": source[i]["question"], "answer": source[i]["answer"],
+             "group": arithmetic.group_of(source[i])} for i in range(n)]
 
   paths = {"train": os.path.join(out, "train.jsonl"), "eval": os.path.join(out, "eval.jsonl")}
   write_jsonl(paths["train"], rows("train"))
@@ -168,6 +173,17 @@ def paired_finals(trl: list[int], ours: list[int]) -> dict:
   return {"n": n, "ours_only": ours_only, "trl_only": trl_only,
           "difference": round(diff, 4), "paired_se": round(math.sqrt(variance / n), 4),
           "mcnemar_p": round(min(1.0, 2 * tail / 2 ** discordant), 4)}
+
+
+def accuracy_by_group(correct: list[int], groups: list[str]) -> dict[str, float]:
+  """Each group's accuracy from per-question 0/1 verdicts (same order as `groups`),
+  in the order the groups first appear."""
+  if len(correct) != len(groups):
+    raise ValueError(f"{len(correct)} verdicts for {len(groups)} questions")
+  totals: dict[str, list[int]] = {}
+  for verdict, group in zip(correct, groups, strict=True):
+    totals.setdefault(group, []).append(verdict)
+  return {g: round(sum(v) / len(v), 4) for g, v in totals.items()}
 
 
 def minutes_to_reach(evals: list[dict], target: float) -> float | None:
@@ -261,6 +277,12 @@ def main() -> int:
   # Races before 2026-11-28 logged no per-question verdicts for TRL's evaluations.
   paired = (paired_finals(trl[-1]["correct"], ours_hf["correct"]) if "correct" in trl[-1]
             else None)
+  # Where each side's answers fail, by problem group (the start is the shared model's).
+  groups = [row["group"] for row in read_jsonl(paths["eval"])]
+  by_group = {"start": accuracy_by_group(trl[0]["correct"], groups),
+              "trl_final": accuracy_by_group(trl[-1]["correct"], groups),
+              "ours_final": accuracy_by_group(ours_hf["correct"], groups)
+              } if "correct" in trl[-1] else None
 
   print(f"\n{'minutes':>8} {'TRL':>6} {'ours':>6}")
   marks = sorted({round(e["train_time_s"] / 60, 1) for e in trl + ours})
@@ -269,6 +291,11 @@ def main() -> int:
   for m in marks:
     a, b = by_mark(trl, m), by_mark(ours, m)
     print(f"{m:8.1f} {'' if a is None else f'{a:6.3f}':>6} {'' if b is None else f'{b:6.3f}':>6}")
+  if by_group:
+    print(f"\n{'group':>10} {'start':>6} {'TRL':>6} {'ours':>6}")
+    for g in by_group["start"]:
+      print(f"{g:>10} " + " ".join(f"{by_group[k][g]:6.2f}"
+                                   for k in ("start", "trl_final", "ours_final")))
   trl_final = trl[-1]["accuracy"]
   reach, hold = minutes_to_reach(ours, trl_final), minutes_to_hold(ours, trl_final)
   result = {
@@ -285,6 +312,7 @@ def main() -> int:
       "minutes_to_hold_trl_final": None if hold is None else round(hold, 2),
       "speedup_to_hold_trl_final": round(args.budget_min / hold, 2) if hold else None,
       "paired_finals": paired,
+      "accuracy_by_group": by_group,
   }
   plot(trl, ours, os.path.join(args.out, "race.png"), args.budget_min)
   with open(os.path.join(args.out, "race.json"), "w") as f:

@@ -76,3 +76,13 @@ def test_paired_finals_hand_values_and_scipys_mcnemar(race):
   assert same["difference"] == 0 and same["paired_se"] == 0 and same["mcnemar_p"] == 1.0
   with pytest.raises(ValueError, match="same questions"):
     race.paired_finals(trl, ours[:-1])
+
+
+def test_accuracy_by_group_hand_values(race):
+  groups = ["add1", "sub2", "add1", "sub2", "sub2", "mul_table"]
+  correct = [1, 0, 1, 1, 0, 0]
+  assert race.accuracy_by_group(correct, groups) == {
+      "add1": 1.0, "sub2": pytest.approx(1 / 3, abs=1e-4), "mul_table": 0.0}
+  assert list(race.accuracy_by_group(correct, groups)) == ["add1", "sub2", "mul_table"]
+  with pytest.raises(ValueError, match="5 verdicts for 6 questions"):
+    race.accuracy_by_group(correct[:-1], groups)

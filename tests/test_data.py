@@ -130,6 +130,18 @@ def test_arithmetic_mixed_is_balanced(arithmetic_data):
   assert max(counts.values()) - min(counts.values()) <= 1
 
 
+def test_arithmetic_group_of_names_each_problems_group(arithmetic_data):
+  for config in ARITHMETIC_RANGES:
+    for split in ("train", "test"):
+      assert {arithmetic.group_of(e) for e in arithmetic_data[config][split]} == {config}
+  mixed = arithmetic_data["mixed"]["train"] + arithmetic_data["mixed"]["test"]
+  assert [arithmetic.group_of(e) for e in mixed] == [_group_of(e) for e in mixed]
+  # Operands from two ranges, a negative result, a product off the table: no group.
+  for op, a, b in (("add", 5, 50), ("sub", 3, 7), ("mul", 13, 2)):
+    with pytest.raises(ValueError, match="in no arithmetic group"):
+      arithmetic.group_of({"operation": op, "a": a, "b": b})
+
+
 # ----------------------------------------------------------------------------
 # countdown
 

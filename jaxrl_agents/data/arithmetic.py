@@ -92,6 +92,17 @@ def solve(operation: str, a: int, b: int) -> int:
   raise ValueError(f"unknown operation {operation!r}; known: {sorted(SYMBOLS)}")
 
 
+def group_of(example) -> str:
+  """The name of the group (GROUPS) an example's problem comes from; `example` holds
+  the fields operation, a, b. Every problem belongs to exactly one group."""
+  operation, a, b = _text(example["operation"]), int(example["a"]), int(example["b"])
+  for name, group in GROUPS.items():
+    if (group.operation == operation and group.low <= min(a, b) and max(a, b) <= group.high
+        and (not group.non_negative or a >= b)):
+      return name
+  raise ValueError(f"{a} {SYMBOLS.get(operation, operation)} {b} is in no arithmetic group")
+
+
 def question(problem: Problem) -> str:
   """The question text, e.g. "What is 37 + 45?"."""
   return f"What is {problem.a} {SYMBOLS[problem.operation]} {problem.b}?"
