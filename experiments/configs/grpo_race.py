@@ -121,8 +121,9 @@ after its first evaluations (2-core Zen 5 EPYC, 2026-11-27, cold cache): 4e-5
 0.26 .54 (5 min; entropy under 0.1 nats by step 12); 3e-5 0.26 .66 .61 (5,
 10 min), against 2e-5's .63 .69 in the race above. Neither reaches TRL's final
 (0.68-0.75) by the 5-minute evaluation, which a speedup of 3 would need. Not
-swept then: group size (screened 2026-12-02, below), clip settings (with one update
-per rollout the ratio is 1 and nothing clips), rates under 2e-5, updates per rollout.
+swept then: group size and updates per rollout (screened 2026-12-02, below), clip
+settings (with one update per rollout the ratio is 1 and nothing clips), rates under
+2e-5.
 
 The packed update programs compiled ahead (`pack_compile_ahead=2`, this config
 since 2026-11-29): after each update the programs for the next two slot counts
@@ -188,6 +189,16 @@ sampled, the same 64 replies a step and 32 rows an update), the project's side a
 .69 at 2.5-minute marks (steps 4, 13, 30, 49, 68). Ahead at 2.5 minutes, behind from
 7.5 on (race 10: .60 .71 .75): from step 16, 58% of the sampled groups still tied, all
 four in 13 of 59 steps. Not taken.
+
+Two updates per rollout (`minibatches=2`: the 32 rows in two minibatches of 16, two
+optimizer steps a step, the second slightly off-policy), the project's side alone
+against race 12's TRL side, the same machine and day, stopped after 15 minutes: 0.26
+.50 .67 .67 .71 .73 .69 at 2.5-minute marks (steps 3, 9, 15, 30, 44, 58). Ahead at
+2.5 and 5 minutes (race 10: .37 .58), level from 7.5 on (.60 .71 .75); the sampled
+reward rose faster per step (0.71 at step 5 against 0.40) and the entropy fell under
+0.1 nats by step 21 (race 10: about step 40); from step 16 the update took 6.9 s
+(median) and 78% of the sampled groups tied. Not taken: the two-digit questions that
+hold the finals (README, "Where the finals fail") are not learned sooner.
 """
 
 import ml_collections
