@@ -186,6 +186,30 @@ def accuracy_by_group(correct: list[int], groups: list[str]) -> dict[str, float]
   return {g: round(sum(v) / len(v), 4) for g, v in totals.items()}
 
 
+def print_curves(trl: list[dict], ours: list[dict]) -> None:
+  """Both sides' held-out accuracy at each evaluation, by training minute."""
+  print(f"\n{'minutes':>8} {'TRL':>6} {'ours':>6}")
+  marks = sorted({round(e["train_time_s"] / 60, 1) for e in trl + ours})
+  by_mark = lambda evals, m: next((e["accuracy"] for e in evals  # noqa: E731
+                                   if round(e["train_time_s"] / 60, 1) == m), None)
+  for m in marks:
+    a, b = by_mark(trl, m), by_mark(ours, m)
+    print(f"{m:8.1f} {'' if a is None else f'{a:6.3f}':>6} {'' if b is None else f'{b:6.3f}':>6}")
+
+
+def finals_by_group(trl: list[dict], ours_hf: dict, eval_path: str) -> dict:
+  """Where each side's answers fail: the start (the shared model, TRL's first
+  evaluation) and both finals by problem group; printed as a table too."""
+  groups = [row["group"] for row in read_jsonl(eval_path)]
+  by_group = {"start": accuracy_by_group(trl[0]["correct"], groups),
+              "trl_final": accuracy_by_group(trl[-1]["correct"], groups),
+              "ours_final": accuracy_by_group(ours_hf["correct"], groups)}
+  print(f"\n{'group':>10} {'start':>6} {'TRL':>6} {'ours':>6}")
+  for g in by_group["start"]:
+    print(f"{g:>10} " + " ".join(f"{by_group[k][g]:6.2f}" for k in by_group))
+  return by_group
+
+
 def minutes_to_reach(evals: list[dict], target: float) -> float | None:
   """Training minutes at the first evaluation at or above target (None: never)."""
   for e in evals:
@@ -277,25 +301,9 @@ def main() -> int:
   # Races before 2026-11-28 logged no per-question verdicts for TRL's evaluations.
   paired = (paired_finals(trl[-1]["correct"], ours_hf["correct"]) if "correct" in trl[-1]
             else None)
-  # Where each side's answers fail, by problem group (the start is the shared model's).
-  groups = [row["group"] for row in read_jsonl(paths["eval"])]
-  by_group = {"start": accuracy_by_group(trl[0]["correct"], groups),
-              "trl_final": accuracy_by_group(trl[-1]["correct"], groups),
-              "ours_final": accuracy_by_group(ours_hf["correct"], groups)
-              } if "correct" in trl[-1] else None
+  by_group = finals_by_group(trl, ours_hf, paths["eval"]) if "correct" in trl[-1] else None
 
-  print(f"\n{'minutes':>8} {'TRL':>6} {'ours':>6}")
-  marks = sorted({round(e["train_time_s"] / 60, 1) for e in trl + ours})
-  by_mark = lambda evals, m: next((e["accuracy"] for e in evals  # noqa: E731
-                                   if round(e["train_time_s"] / 60, 1) == m), None)
-  for m in marks:
-    a, b = by_mark(trl, m), by_mark(ours, m)
-    print(f"{m:8.1f} {'' if a is None else f'{a:6.3f}':>6} {'' if b is None else f'{b:6.3f}':>6}")
-  if by_group:
-    print(f"\n{'group':>10} {'start':>6} {'TRL':>6} {'ours':>6}")
-    for g in by_group["start"]:
-      print(f"{g:>10} " + " ".join(f"{by_group[k][g]:6.2f}"
-                                   for k in ("start", "trl_final", "ours_final")))
+  print_curves(trl, ours)
   trl_final = trl[-1]["accuracy"]
   reach, hold = minutes_to_reach(ours, trl_final), minutes_to_hold(ours, trl_final)
   result = {
