@@ -289,7 +289,7 @@ def select_groups(traj: types.Trajectory, rewards: np.ndarray, keep: int
   kept = rl_loop.kept_groups(rewards, keep)
   if len(kept) == groups:
     return traj, rewards
-  rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
+  rows = rl_loop.group_rows(kept, g)
   return jax.tree.map(lambda x: x[rows], traj), rewards[kept]
 
 
@@ -299,7 +299,7 @@ def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
   g = s.group_size
   totals = np.asarray(r.rewards).reshape(-1, g)
   kept = rl_loop.kept_groups(totals, s.prompts_per_step)
-  rows = (kept[:, None] * g + np.arange(g)).reshape(-1)
+  rows = rl_loop.group_rows(kept, g)
   traj = r.traj if len(kept) == totals.shape[0] else jax.tree.map(lambda x: x[rows], r.traj)
   kwargs = dict(s.advantage_kwargs)
   if s.component_advantage:

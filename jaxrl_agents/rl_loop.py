@@ -169,6 +169,12 @@ def kept_groups(rewards: np.ndarray, keep: int) -> np.ndarray:
   return np.sort(np.argsort(tied, kind="stable")[:keep])
 
 
+def group_rows(groups: np.ndarray, group_size: int) -> np.ndarray:
+  """The row indices of groups int[n] (rows are group-major: group i holds rows
+  i * group_size ... i * group_size + group_size - 1), in the groups' order."""
+  return (np.asarray(groups)[:, None] * group_size + np.arange(group_size)).reshape(-1)
+
+
 def varied_first(rounds: Sequence[Rollout], group_size: int, max_new_tokens: int) -> Rollout:
   """The groups `kept_groups` keeps of several rounds' together, as many as one round has
   (`resample_until_varied`): every group whose rewards vary, topped up with tied ones
@@ -183,7 +189,7 @@ def varied_first(rounds: Sequence[Rollout], group_size: int, max_new_tokens: int
     raise ValueError("varied_first takes single-turn rollouts (no turn keys, no roles)")
   rewards = np.concatenate([r.rewards for r in rounds]).reshape(-1, group_size)
   kept = kept_groups(rewards, first.rewards.size // group_size)
-  rows = (kept[:, None] * group_size + np.arange(group_size)).reshape(-1)
+  rows = group_rows(kept, group_size)
   pick = lambda values: [values[k] for k in rows]  # noqa: E731
   cat = lambda name: np.concatenate([getattr(r, name) for r in rounds])[rows]  # noqa: E731
   traj = jax.tree.map(lambda x: x[rows], types.concatenate_rows([r.traj for r in rounds]))

@@ -201,3 +201,8 @@ def _train_records(workdir):
 def _untimed(records):
   timing = ("time", "per_s")
   return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in records]
+
+
+def test_group_rows_are_each_groups_rows_in_the_groups_order():
+  assert rl_loop.group_rows(np.array([2, 0]), 3).tolist() == [6, 7, 8, 0, 1, 2]
+  assert rl_loop.group_rows(np.array([], int), 4).tolist() == []
