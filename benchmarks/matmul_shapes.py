@@ -28,11 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sampler import best_of  # first call (compiles or warms up), then the best
 
 import cpu_info
 from jaxrl_agents.models import transformer, zoo
@@ -48,16 +48,6 @@ def projections(cfg) -> list[tuple[str, int, int, int]]:
             ("up", cfg.d_model, cfg.ffn_dim), ("down", cfg.ffn_dim, cfg.d_model)]
   return ([(n, i, o, cfg.n_layers) for n, i, o in layers]
           + [("head", cfg.d_model, cfg.vocab_size, 1)])
-
-
-def best_time(fn, repeats: int) -> float:
-  fn()  # compiles (jax) or warms up (torch)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
 
 
 def train_products(n_in: int, n_out: int, rng) -> dict:
@@ -123,8 +113,8 @@ def interleaved(pairs: dict, repeats: int, rounds: int) -> dict:
   best = {k: [float("inf"), float("inf")] for k in pairs}
   for _ in range(rounds):
     for key, (jax_call, torch_call) in pairs.items():
-      best[key][0] = min(best[key][0], best_time(jax_call, repeats))
-      best[key][1] = min(best[key][1], best_time(torch_call, repeats))
+      best[key][0] = min(best[key][0], best_of(jax_call, repeats)[1])
+      best[key][1] = min(best[key][1], best_of(torch_call, repeats)[1])
   return best
 
 
