@@ -46,6 +46,9 @@ setup(
                  "hypothesis>=6.100,<7",
                  # notebooks are executed headless by the test suite
                  "nbclient>=0.10,<0.12", "nbformat>=5.10,<6", "ipykernel>=6.29,<8"],
+        # running the analysis notebooks (docs/analysis.md): headless with `jupyter execute`,
+        # or in any Jupyter front end started from the same environment
+        "notebooks": ["nbclient>=0.10,<0.12", "nbformat>=5.10,<6", "ipykernel>=6.29,<8"],
         # torch==2.13.0 resolves to the CPU build on the project's machines;
         # a looser torch requirement pulls the multi-GB CUDA build.
         "parity": ["torch==2.13.0", "accelerate>=1.0,<2"],

@@ -27,11 +27,12 @@ import jax
 import numpy as np
 
 from experiments import common, preference_data
-from jaxrl_agents import best_of_n, checkpointing
+from jaxrl_agents import best_of_n, checkpointing, registry
 from jaxrl_agents import data as data_lib
 
 
 def validate(config) -> None:
+  registry.import_modules(config.get("imports", ()))  # user modules register names first
   common.make_rewards(config)  # names, options, a learned reward's workdir
   preference_data.grader(config)
   g = config.generation

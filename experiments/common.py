@@ -31,6 +31,7 @@ def setup_logging() -> None:
 
 def validate_common(config) -> None:
   """Checks names and sizes shared by all RL experiments before anything loads or compiles."""
+  registry.import_modules(config.get("imports", ()))  # user modules register names first
   for name in config.rewards:
     registry.get("reward", name)
   make_rewards(config)  # options and the combinator
@@ -130,9 +131,9 @@ def load_model(config) -> zoo.Model:
 def task_examples(config):
   """(train source, held-out examples) for the configured task or JSONL file."""
   if config.jsonl_path:
-    examples = data_lib.load_jsonl(config.jsonl_path)
+    examples = _jsonl_examples(config.jsonl_path)
     if config.get("eval_jsonl_path"):
-      return examples, data_lib.load_jsonl(config.eval_jsonl_path)[: config.eval_size]
+      return examples, _jsonl_examples(config.eval_jsonl_path)[: config.eval_size]
     logging.getLogger(__name__).warning(
         "no eval_jsonl_path: evaluating on the first %d training prompts (not held out)",
         config.eval_size)
@@ -141,6 +142,14 @@ def task_examples(config):
   held_out = data_lib.load_task(config.task, config.eval_split)
   n = min(config.eval_size, len(held_out))
   return train, [held_out[i] for i in range(n)]
+
+
+def _jsonl_examples(path: str) -> list[dict]:
+  """A JSONL prompt file's rows, each also under "question" when it has none: the configs'
+  prompt templates name the tasks' field ("{question} ..."), JSONL rows name theirs
+  "prompt", and either template then works on either source."""
+  rows = data_lib.load_jsonl(path)
+  return [row if "question" in row else {**row, "question": row["prompt"]} for row in rows]
 
 
 # How config.rewards' components make the total (config.reward_combinator.name; see

@@ -256,5 +256,6 @@ def train(config, workdir: str, progress: bool = True) -> dict:
 
 
 if __name__ == "__main__":
-  # Large temporaries: a step on 16 SmolLM2 pairs 14.5-15.4 -> 12.1-12.6 s (README).
+  # Large temporaries: a step on 16 SmolLM2 pairs 14.5-15.4 -> 12.1-12.6 s
+  # (docs/train_step.md#freed-host-memory).
   common.main(train, host_memory="retain")

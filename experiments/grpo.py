@@ -107,7 +107,7 @@ class GRPOSettings:
       as many reply tokens would run, start compiling in the background
       (`precompile.py`) while the next steps run: replies shorten as a run learns, and
       each new program would otherwise stop the run for its compile. Not free on a
-      2-core CPU (the steps beside a compile run slower; README, "Packed replies").
+      2-core CPU (the steps beside a compile run slower; docs/grpo_iteration.md#packed-replies).
       The same programs either way, so the same results; 0: each compiles when a batch
       first needs it.
     drop_tied_groups: the update leaves out the kept groups whose rewards tie

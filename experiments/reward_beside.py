@@ -4,8 +4,8 @@ r"""A reward model trained beside the policy, on pairs of the policy's own fresh
       --config.rewards.reward_model.workdir=runs/rm_arithmetic --workdir=runs/grpo_rm_beside
 
 A reward model frozen at the start of RL is gamed: the policy drifts to
-replies it overrates, which it never saw during its training (README, "GRPO
-with the reward model as its only reward"). Trained beside the policy, it
+replies it overrates, which it never saw during its training (docs/reward_models.md,
+"GRPO with the reward model as its only reward"). Trained beside the policy, it
 sees those replies. Each GRPO step:
 
   1. the reward model of the train state scores the step's replies: that is

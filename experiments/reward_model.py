@@ -252,5 +252,6 @@ def train(config, workdir: str, progress: bool = True) -> dict:
 
 
 if __name__ == "__main__":
-  # Large temporaries: a step on 16 SmolLM2 pairs 5.0-5.2 -> 4.7-4.8 s (README).
+  # Large temporaries: a step on 16 SmolLM2 pairs 5.0-5.2 -> 4.7-4.8 s
+  # (docs/train_step.md#freed-host-memory).
   common.main(train, host_memory="retain")

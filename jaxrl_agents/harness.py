@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxrl_agents import checkpointing, distributed, precompile, sharding
+from jaxrl_agents import checkpointing, distributed, precompile, registry, sharding
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import workdir as workdir_lib
 
@@ -141,7 +141,7 @@ BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": 
                      "pack_replies": False, "pack_below": 1.0, "optimizer.decay_over": 1.0,
                      "drop_tied_groups": False, "skip_zero_advantage_rows": False,
                      "pack_compile_ahead": 0, "compact_min_rows": 0, "ema_decay": 0.0,
-                     "resample_rounds": 0}
+                     "resample_rounds": 0, "imports": []}
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",
@@ -225,7 +225,9 @@ def _unresumable_logs(workdir: str, why: str) -> ValueError:
 
 
 def validate_run_keys(config) -> None:
-  """Checks the config keys the harness reads; trainers call it before loading a model."""
+  """Checks the config keys the harness reads; trainers call it before loading a model.
+  First imports the config's `imports` (user modules that register names)."""
+  registry.import_modules(config.get("imports", ()))
   limit = config.get("max_consecutive_nonfinite", 1)
   if not isinstance(limit, int) or limit < 1:
     raise ValueError(f"config.max_consecutive_nonfinite must be an integer >= 1 (updates "

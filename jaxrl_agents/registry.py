@@ -18,12 +18,18 @@ functions of completions and examples), "model" (presets), "env" (environment
 factories: tokenizer, **options -> Env).
 Registration happens when the defining module is imported; `get` and `names`
 import the library's modules for the kind first, so callers never need to.
+Modules of one's own register the same way: list them in a config's `imports`
+(`config.imports = ("mypkg.rewards",)`), and every trainer imports them before it
+checks any name (`import_modules`). `python -m jaxrl_agents.tools.list [KIND]`
+prints every kind and name with its one-line doc.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,14 +83,53 @@ def _load_providers(kind: str) -> None:
 
 
 def get(kind: str, name: str) -> Any:
-  """The entry registered under (kind, name); a clear error lists the valid names."""
+  """The entry registered under (kind, name); a clear error names the closest match, lists
+  the valid names and says how to register one."""
   _load_providers(kind)
   table = _REGISTRY.get(kind)
   if not table:
-    raise KeyError(f"unknown kind {kind!r}; known kinds: {sorted(_REGISTRY)}")
+    raise KeyError(f"unknown kind {kind!r}; known kinds: {kinds()}")
   if name not in table:
-    raise KeyError(f"unknown {kind} {name!r}; registered: {sorted(table)}")
+    close = difflib.get_close_matches(str(name), list(table), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise KeyError(f"unknown {kind} {name!r}; {hint}registered: {sorted(table)}. To add one, "
+                   f"decorate it with @registry.register({kind!r}, NAME) in a module that the "
+                   "config lists in `imports` (docs/extending.md)")
   return table[name]
+
+
+def kinds() -> list[str]:
+  """Every kind: the library's and any a user module registered."""
+  return sorted(set(_PROVIDERS) | set(_REGISTRY))
+
+
+def describe(kind: str) -> list[tuple[str, str]]:
+  """(name, first line of the entry's docstring) of every entry of a kind, sorted by name."""
+  _load_providers(kind)
+  out = []
+  for name, entry in sorted(_REGISTRY.get(kind, {}).items()):
+    doc = (inspect.getdoc(entry) or "").strip()
+    out.append((name, doc.splitlines()[0] if doc else ""))
+  return out
+
+
+def import_modules(modules) -> None:
+  """Imports each named module (a config's `imports`), so the entries it registers exist
+  before a config's names are checked. A name that does not import is an error naming it."""
+  if isinstance(modules, str):
+    raise TypeError(f"config.imports must be a sequence of module names, got the string "
+                    f"{modules!r}; write ({modules!r},)")
+  for module in modules:
+    if not isinstance(module, str) or not module:
+      raise TypeError(f"config.imports holds module names (str), got {module!r}")
+    try:
+      importlib.import_module(module)
+    except ModuleNotFoundError as e:
+      if e.name is not None and module.startswith(e.name):  # the module itself is missing
+        raise ModuleNotFoundError(
+            f"config.imports names {module!r}, which Python cannot find ({e}); install its "
+            f"package or put its directory on PYTHONPATH", name=e.name) from e
+      raise
 
 
 def names(kind: str) -> list[str]:

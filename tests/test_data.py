@@ -462,3 +462,22 @@ def test_loader_state_round_trips_through_orbax(tmp_path):
   via_json = data.make_loader(SOURCE, batch_size=3, seed=7)
   via_json.set_state(restored["loader_json"])
   assert _take(via_json, 6) == expected
+
+
+def test_jsonl_rows_work_with_the_default_prompt_template(tmp_path):
+  """JSONL rows are documented as {"prompt", "answer"}; the configs' templates name the tasks'
+  field ("{question} ..."): a JSONL run formats its prompts with the default template."""
+  from experiments import common
+  from experiments.configs import grpo_arithmetic
+  from jaxrl_agents.rollout import single_turn
+  train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+  train.write_text('{"prompt": "What is 2 + 3?", "answer": "5"}\n')
+  test.write_text('{"prompt": "What is 4 + 4?", "answer": "8", "question": "Four plus four?"}\n')
+  config = grpo_arithmetic.get_config("tiny")
+  config.task, config.jsonl_path, config.eval_jsonl_path = "", str(train), str(test)
+  examples, held_out = common.task_examples(config)
+  assert single_turn.format_prompts(examples, config.prompt_template) == [
+      config.prompt_template.format(question="What is 2 + 3?")]
+  assert examples[0]["prompt"] == "What is 2 + 3?" and examples[0]["answer"] == "5"
+  # A row's own "question" field is kept as written.
+  assert held_out[0]["question"] == "Four plus four?"

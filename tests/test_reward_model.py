@@ -517,8 +517,8 @@ def test_a_trained_reward_model_is_grpos_reward(tmp_path):
   with pytest.raises(FileNotFoundError, match="not the workdir of a reward-model run"):
     grpo.train(grpo_config, str(tmp_path / "grpo2"), progress=False)
 
-  # The shipped variant, as measured (README): the reward model alone, KL 0.1, the entropy
-  # gate and a rate decayed over 30 training minutes.
+  # The shipped variant, as measured (docs/reward_models.md): the reward model alone, KL
+  # 0.1, the entropy gate and a rate decayed over 30 training minutes.
   variant = grpo_arithmetic.get_config("reward_model")
   variant.rewards.reward_model.workdir = rm_dir
   grpo.validate(variant)

@@ -17,6 +17,9 @@ import ml_collections
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # Modules of one's own to import before any name is checked, so the rewards, environments,
+  # losses or models they register can be named here (docs/extending.md).
+  c.imports = ()
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
   c.policy_workdir = ""

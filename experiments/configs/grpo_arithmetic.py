@@ -8,37 +8,22 @@ accepts the reply's final answer, plus 0.2 for a reply under 40 characters.
   python -m experiments.grpo --config=experiments/configs/grpo_arithmetic.py \
       --workdir=runs/grpo_arithmetic
 
-The policy gradient goes only through the 20% highest-entropy tokens (the
-entropy gate) and the learning rate decays to 0 over the run (cosine): chosen
-by `benchmarks/entropy_control.py` (README, "Keeping the policy exploring").
-Expected on a 2-core CPU (measured, three seeds on one machine): held-out
-strict accuracy on the 100-question test split 0.32 before training, 0.50-0.69
-after 25 steps, 0.62-0.74 after 50, in about 4 minutes of training on a Zen 5
-EPYC; 0.54-0.65 and 0.57-0.68 in 8-10 minutes on an AVX-512 + AMX Xeon (the
-standard error of each figure is about 5 points; machines differ by more). Details in
-the README's "Main job" section. Other GRPO and PPO configs build on
-`base_config` (no token control, a constant rate).
+Exploration: the policy gradient goes only through the 20% highest-entropy tokens and
+the learning rate decays to 0 over the run (cosine), chosen by
+`benchmarks/entropy_control.py` (docs/main_job.md#keeping-the-policy-exploring).
+Expected on a 2-core CPU (three seeds): held-out strict accuracy on the 100-question
+test split 0.32 before training, 0.57-0.74 after 50 steps (standard error ~5 points),
+in 4-10 minutes of training by CPU generation; every measurement: docs/main_job.md.
+Other GRPO and PPO configs build on `base_config` (no token control, a constant rate).
 
 Variants (`--config=...grpo_arithmetic.py:VARIANT`):
-  reward_model   the reward is a trained reward model alone (no verifier): the run of
-         `experiments/reward_model.py` in --config.rewards.reward_model.workdir
-         (default runs/rm_reads, as the README trains it with
-         reward_model_arithmetic.py:reads_the_number), its checkpoint `step` (0: the
-         newest); KL 0.1 to the initial policy, the main job's entropy gate, the rate
-         decayed to 0 over 30 training minutes, evaluated every 10.
-  reward_model_beside  the same reward model alone, trained beside the policy: each step
-         it scores the replies, then takes a Bradley-Terry step on up to 8 pairs of them
-         labelled by the grader (--config.reward_model_beside.labels=majority: by each
-         group's most common answer, no verifier at all); KL 0.1, 30 training minutes,
-         evaluated every 10 (experiments/reward_beside.py). The evaluation's reward_mean
-         leaves the reward model out (it lives in the train state).
-  tiny   the tiny random model, 3 prompts x 4 rollouts, 16 new tokens: a smoke
-         test of every artifact in about 20 s. Its reward varies (`tiny_reward`),
-         so the smoke tests run a real update.
-  reward_model_beside keeps base_config's objective (no entropy gate, constant rate).
-
-Every objective of the library is one of the keys below (docs/objectives.md,
-"From a config").
+  reward_model   a trained reward model is the only reward (its run in
+         --config.rewards.reward_model.workdir, default runs/rm_reads); KL 0.1, the entropy
+         gate, 30 training minutes (docs/reward_models.md).
+  reward_model_beside  the same, with the reward model trained beside the policy on the
+         grader's (or the group majority's) labels (experiments/reward_beside.py).
+  tiny   the tiny random model, 3 prompts x 4 rollouts: every artifact in about 20 s.
+Every objective of the library is a key below (docs/objectives.md, "From a config").
 """
 
 import ml_collections
@@ -48,22 +33,22 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   """The main job (no variant) or a variant of it (see the module docstring)."""
   c = base_config(variant)
   if variant in (None, "reward_model"):
-    # Exploration controls chosen by measurement (benchmarks/entropy_control.py, the
-    # README's "Keeping the policy exploring"): the gradient only through the 20%
+    # Exploration controls chosen by measurement (benchmarks/entropy_control.py,
+    # docs/main_job.md#keeping-the-policy-exploring): the gradient only through the 20%
     # highest-entropy policy tokens, and the learning rate decayed to 0 over the run.
     c.token_control.update(name="entropy_gate", frac=0.2)
     c.optimizer.decay = "cosine"
     # Decoding on with the unfinished rows, and the packed update programs compiled
     # ahead in the background: the same replies and updates (seed 0 on a 2-core AMX
     # Xeon, 2026-12-02: every step's reward and both evaluations identical), 502 s of
-    # training against 536 s (README, "Main job").
+    # training against 536 s (docs/main_job.md).
     c.compact_min_rows = 8
     c.pack_compile_ahead = 2
   if variant == "reward_model":
     # Against a learned reward they keep the policy from settling on one confident near
     # miss; the decay runs over the 30 training minutes. Measured with
-    # `reward_model_arithmetic.py:reads_the_number` (README): 0.32 -> 0.36 / 0.54 / 0.50
-    # at 30 minutes in seeds 0 / 1 / 2.
+    # `reward_model_arithmetic.py:reads_the_number` (docs/reward_models.md): 0.32 -> 0.36 /
+    # 0.54 / 0.50 at 30 minutes in seeds 0 / 1 / 2.
     c.optimizer.clock = "train_time"
   return c
 
@@ -172,15 +157,15 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.share_prompt = True
   # With share_prompt, GRPO's update runs only the reply tokens, packed into one
   # stream, not B rows of the longest reply's width: the same values
-  # (tests/test_scoring.py), less time per step (README, "Packed replies"), for a
-  # few more compiles as replies shorten (rollout/shapes.py: half octaves; a packed
+  # (tests/test_scoring.py), less time per step (docs/grpo_iteration.md#packed-replies),
+  # for a few more compiles as replies shorten (rollout/shapes.py: half octaves; a packed
   # batch is padded to max_new_tokens columns, so one program per slot count). Rows
   # in multi-turn blocks stay padded.
   c.pack_replies = True
   # ...only where its slots are at most this fraction of the padded rows' reply
   # columns; elsewhere the padded program (one per reply width) serves. 1.0: always.
-  # 0.5 measured against 1.0 (README, "Packed replies"): fewer compiled programs for
-  # the same update time, the main job's training 6% shorter over three seeds.
+  # 0.5 measured against 1.0 (docs/grpo_iteration.md#packed-replies): fewer compiled
+  # programs for the same update time, the main job's training 6% shorter over three seeds.
   c.pack_below = 0.5
   # After each update, compile the packed programs for this many slot counts below the
   # batch's, and the padded program at the next narrower reply width, in the background
@@ -239,6 +224,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # logs, config.json) to <workdir>/previous/<time>/ and starts afresh; a
   # workdir whose logs no checkpoint can continue is refused without it.
   c.start_over = False
+  # Modules of one's own to import before any name is checked, so the rewards, environments,
+  # losses or models they register can be named here (docs/extending.md).
+  c.imports = ()
 
   if variant == "tiny":
     return _tiny(c)

@@ -81,6 +81,9 @@ def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: flo
   c.samples_per_log = 8
   c.tensorboard = True
   c.start_over = False
+  # Modules of one's own to import before any name is checked, so the rewards, environments,
+  # losses or models they register can be named here (docs/extending.md).
+  c.imports = ()
 
 
 def tiny_schedule(c: ml_collections.ConfigDict, steps: int = 4, eval_every: int = 2) -> None:

@@ -148,4 +148,5 @@ class Calculator:
 
 @registry.register("env", "calculator")
 def make(tokenizer, **options) -> Calculator:
+  """A calculator tool for products the model cannot do in its head (host)."""
   return Calculator(tokenizer, **options)

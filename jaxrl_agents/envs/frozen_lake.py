@@ -215,4 +215,5 @@ class FrozenLake:
 
 @registry.register("env", "frozen_lake")
 def make(tokenizer, **options) -> FrozenLake:
+  """FrozenLake as a text grid: walk to the goal without falling in (JAX, lax.scan)."""
   return FrozenLake(tokenizer, **options)

@@ -105,6 +105,7 @@ class GuessNumber:
 
 @registry.register("env", "guess_number")
 def make(tokenizer, **options) -> GuessNumber:
+  """Guess the number in a range from higher / lower feedback (JAX, lax.scan)."""
   return GuessNumber(tokenizer, **options)
 
 
@@ -153,4 +154,5 @@ class _HostEpisode:
 
 @registry.register("env", "guess_number_host")
 def make_host(tokenizer, **options) -> HostGuessNumber:
+  """Guess the number as a host environment (the same texts and rules)."""
   return HostGuessNumber(tokenizer, **options)

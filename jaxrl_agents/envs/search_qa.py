@@ -194,4 +194,5 @@ class SearchQA:
 
 @registry.register("env", "search_qa")
 def make(tokenizer, **options) -> SearchQA:
+  """Multi-hop questions over a generated knowledge base with BM25 search (host)."""
   return SearchQA(tokenizer, **options)

@@ -181,4 +181,5 @@ class Sokoban:
 
 @registry.register("env", "sokoban")
 def make(tokenizer, **options) -> Sokoban:
+  """Sokoban in small generated rooms as a text grid (JAX, lax.scan)."""
   return Sokoban(tokenizer, **options)

@@ -322,4 +322,5 @@ class TextToSql:
 
 @registry.register("env", "text_to_sql")
 def make(tokenizer, **options) -> TextToSql:
+  """Text-to-SQL over generated sqlite databases, a read-only query tool (host)."""
   return TextToSql(tokenizer, **options)

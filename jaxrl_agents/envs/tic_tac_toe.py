@@ -218,9 +218,11 @@ class TicTacToeSelfPlay:
 
 @registry.register("env", "tic_tac_toe_self_play")
 def make_self_play(tokenizer) -> TicTacToeSelfPlay:
+  """Tic-tac-toe with the policy on both sides (JAX, lax.scan)."""
   return TicTacToeSelfPlay(tokenizer)
 
 
 @registry.register("env", "tic_tac_toe")
 def make(tokenizer, **options) -> TicTacToe:
+  """Tic-tac-toe (pgx's rules) as text against a fixed opponent (JAX, lax.scan)."""
   return TicTacToe(tokenizer, **options)

@@ -29,7 +29,7 @@ decode step's matmul against a slice of a stacked weight (inside scan or by
 static index) ran 3-10x slower than against a separate array, and bf16 matmuls
 lost their fast path entirely (measured in benchmarks/sampler.py's notes). In
 training the stacked layout costs less, 6-17% per step (the SFT step, and the
-learning race's updates on a 2-core Zen 4: README, "Learning race"), and
+learning race's updates on a 2-core Zen 4: docs/learning_race.md), and
 compiles about 3x faster. The unrolled layer loop costs compile time, not run
 time. Why [out, in]: contracting the last axis of both operands is the faster
 layout for bf16 and small batches on this backend, and it matches Hugging Face

@@ -156,7 +156,16 @@ _PRESETS: dict[str, Callable[[], Model]] = {
     "tiny-gemma": _tiny_gemma,
     DEFAULT_MODEL: lambda: load_dir(smollm2_dir(), name=DEFAULT_MODEL),
 }
+# One line each, for `python -m jaxrl_agents.tools.list model`.
+_PRESET_DOCS = {
+    "tiny": "random 2-layer Llama with a byte-level tokenizer, builds in under a second (tests)",
+    "tiny-qwen2": "random Qwen2 shape: q/k/v biases, untied head",
+    "tiny-llama3": "random Llama with Llama-3 rope scaling",
+    "tiny-gemma": "random Gemma 3 in Flax: local and global layers, qk-norm, GQA",
+    DEFAULT_MODEL: "the embedded default (30 layers, d=576, GQA 9/3, vocab 49152, tied head)",
+}
 for _name, _fn in _PRESETS.items():
+  _fn.__doc__ = _fn.__doc__ or _PRESET_DOCS[_name]
   registry.register("model", _name)(_fn)
 
 
