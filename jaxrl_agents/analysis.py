@@ -167,13 +167,20 @@ def compare(runs: Sequence[Run | str], metric: str, x: str = "step", kind: str =
 def warnings(run: Run, window: int = 5) -> list[str]:
   """Signs of reward hacking or collapse, as sentences (empty when nothing stands out).
 
-  Checks: training reward rising while held-out accuracy falls; response length
-  collapsing (< 1/3 of its start) or exploding (> 3x); entropy collapsing
+  Checks: no learning signal (`metrics.has_no_signal`) in each of the last
+  `metrics.NO_SIGNAL_STEPS` steps; training reward rising while held-out accuracy falls;
+  response length collapsing (< 1/3 of its start) or exploding (> 3x); entropy collapsing
   below 5% of its start; most completions hitting the token budget; skipped
   (non-finite) updates.
   """
   out = []
   t = run.train
+  if len(t) >= metrics_lib.NO_SIGNAL_STEPS:
+    recent = t.iloc[-metrics_lib.NO_SIGNAL_STEPS:]
+    if all(metrics_lib.has_no_signal(row.dropna().to_dict()) for _, row in recent.iterrows()):
+      out.append(f"no learning signal in the last {metrics_lib.NO_SIGNAL_STEPS} steps (every "
+                 "group's rewards tied, or a zero gradient): the reward never varies within a "
+                 "group, so nothing is learned; check the reward, the grader and the task")
   if len(t) < 2 * window:
     return out
 

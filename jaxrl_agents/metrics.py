@@ -22,6 +22,20 @@ import numpy as np
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 
+# A run whose train records show no learning signal for this many steps in a row is warned
+# about in its log (rl_loop) and by `analysis.warnings` (and so by the plots command).
+NO_SIGNAL_STEPS = 5
+
+
+def has_no_signal(record: Mapping[str, Any]) -> bool:
+  """Whether a train record's update had nothing to learn from: a zero gradient, or every
+  group's rewards tied (`zero_variance_groups` 1, so every group-relative advantage is 0)
+  in a run without a critic (`value_loss`: a critic's advantages need no variance)."""
+  tied = record.get("zero_variance_groups")
+  grad_norm = record.get("grad_norm")
+  all_tied = tied is not None and float(tied) >= 1.0 and "value_loss" not in record
+  return all_tied or (grad_norm is not None and float(grad_norm) == 0.0)
+
 
 def _plain(value: Any) -> Any:
   """JSON-friendly scalars: numpy/jax scalars to float/int, NaN/inf kept as strings."""

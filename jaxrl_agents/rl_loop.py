@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import credit, distributed, harness, overlap, sharding, types
+from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
@@ -418,7 +419,10 @@ def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_d
   """
 
   mesh = sharding.for_config(config)
-  update_step = functools.partial(_update_step, config, algorithm, mesh)
+  watch = NoSignalWatch()
+
+  def update_step(*args, **kwargs) -> harness.StepResult:
+    return watch(_update_step(config, algorithm, mesh, *args, **kwargs))
 
   def init_state():
     return algorithm.init_state(model.params,
@@ -478,6 +482,23 @@ def _start_precompile(algorithm: Algorithm, collect: Collect, mesh, state, examp
   hint = getattr(collect, "likely_trajectory", None)
   if hint is not None and hasattr(algorithm, "precompile") and mesh is None:
     algorithm.precompile(state, hint(examples), rng)
+
+
+class NoSignalWatch:
+  """Warns in the log when `metrics.NO_SIGNAL_STEPS` train records in a row had no learning
+  signal (`metrics.has_no_signal`): a run whose reward never varies within a group trains
+  nothing, and says so instead of running on silently. Once per streak."""
+
+  def __init__(self):
+    self.streak = 0
+
+  def __call__(self, result: harness.StepResult) -> harness.StepResult:
+    self.streak = self.streak + 1 if metrics_lib.has_no_signal(result.record) else 0
+    if self.streak == metrics_lib.NO_SIGNAL_STEPS:
+      log.warning("no learning signal for %d steps in a row (every group's rewards tied, or a "
+                  "zero gradient): nothing is being learned; check that the reward varies "
+                  "within a group (the reward, the grader, the task's difficulty)", self.streak)
+    return result
 
 
 # What the progress bar shows, and what stops a run when it is not finite.

@@ -125,3 +125,35 @@ def test_per_turn_metrics_become_a_table_and_heatmaps(tmp_path):
   # single-turn runs get no heatmaps
   single = plots.plot_runs([_write_run(tmp_path / "single")], str(tmp_path / "png1"))
   assert not any("turn_" in os.path.basename(p) for p in single)
+
+
+def test_warnings_flag_a_run_without_learning_signal(tmp_path):
+  """Every group tied (or a zero gradient) in each of the last NO_SIGNAL_STEPS steps: the run
+  learns nothing, which `warnings` says; a critic's run with tied groups is not flagged."""
+  n = metrics_lib.NO_SIGNAL_STEPS
+  for name, extra, flagged in [
+      ("tied", lambda s: {"zero_variance_groups": 1.0 if s > 20 - n else 0.5}, True),
+      ("tied_once_less", lambda s: {"zero_variance_groups": 1.0 if s > 21 - n else 0.5}, False),
+      ("zero_grad", lambda s: {"grad_norm": 0.0 if s > 20 - n else 1.0}, True),
+      ("critic", lambda s: {"zero_variance_groups": 1.0, "value_loss": 0.3}, False)]:
+    workdir = _write_run(tmp_path / name)
+    writer = metrics_lib.MetricWriter(workdir, tensorboard=False)
+    for s in range(21, 41):  # 20 more steps, after the helper's healthy ones
+      writer.write_scalars(s, {"reward_mean": 0.5, "grad_norm": 1.0, **extra(s - 20)})
+    writer.close()
+    text = " | ".join(analysis.warnings(analysis.load_run(workdir)))
+    assert ("no learning signal in the last" in text) == flagged, (name, text)
+
+
+def test_no_signal_watch_warns_once_per_streak(caplog):
+  from jaxrl_agents import harness, rl_loop
+  watch = rl_loop.NoSignalWatch()
+  tied = harness.StepResult(None, {"zero_variance_groups": 1.0, "grad_norm": 0.0}, [])
+  varied = harness.StepResult(None, {"zero_variance_groups": 0.25, "grad_norm": 0.7}, [])
+  steps = [tied] * (metrics_lib.NO_SIGNAL_STEPS - 1) + [varied] + \
+      [tied] * (metrics_lib.NO_SIGNAL_STEPS + 3)
+  with caplog.at_level("WARNING", logger="jaxrl_agents.rl_loop"):
+    for result in steps:
+      assert watch(result) is result
+  warned = [r for r in caplog.records if "no learning signal" in r.getMessage()]
+  assert len(warned) == 1  # the first streak was one step short; the second warns once
