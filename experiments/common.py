@@ -267,16 +267,19 @@ def check_prompt_lengths(config, model: zoo.Model, examples, path: str) -> int:
   return too_long
 
 
-def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: bool = True
-                   ) -> dict:
-  """The episodes the config names (an environment, or a task's prompts and rewards), then
-  `rl_loop.run`."""
+def episodes(config, model: zoo.Model):
+  """(collect, evaluate, data) of the episodes the config names: an environment's
+  (`env_loop.make`), or a task's prompts with their rewards (`rl_loop.single_turn_collector`).
+
+  collect(params, examples, rng) -> (rl_loop.Rollout, extra scalars); evaluate(params) ->
+  (record, samples), or None; data: the loader whose batches `collect` takes (its position
+  is checkpointed).
+  """
   if config.get("env"):
     from jaxrl_agents import env_loop
 
     collect, evaluate, data = env_loop.make(config, model)
-    return rl_loop.run(config, workdir, algorithm, model, train_data=data, collect=collect,
-                       evaluate=evaluate if config.eval_size else None, progress=progress)
+    return collect, evaluate if config.eval_size else None, data
   train_source, eval_examples = task_examples(config)
   if config.jsonl_path:  # user data: every prompt checked before anything compiles
     check_prompt_lengths(config, model, train_source, config.jsonl_path)
@@ -289,8 +292,7 @@ def run_experiment(config, workdir: str, algorithm, model: zoo.Model, progress: 
   reward_fn, grader = distributed.split_rows(reward_fn), distributed.split_rows(grader)
   collect, evaluate = rl_loop.single_turn_collector(config, model, reward_fn=reward_fn,
                                                     grader=grader, eval_examples=eval_examples)
-  return rl_loop.run(config, workdir, algorithm, model, train_data=loader, collect=collect,
-                     evaluate=evaluate, progress=progress)
+  return collect, evaluate, loader
 
 
 COMPILATION_CACHE_NAME = ".jax_compilation_cache"

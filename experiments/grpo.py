@@ -11,7 +11,8 @@ per turn: `turn_credit`), then run `epochs` passes of
 `minibatches` optimizer updates of the policy objective (`objective.py`: a
 registered policy loss, token control, KL to the frozen initial policy with a
 fixed or controlled coefficient, entropy bonus), all in one jitted `lax.scan`.
-The workdir layout, resume and logging are the run harness's (`rl_loop.run`).
+`train` holds the step (`train_step`: collect, optional resampling, the update, the
+record); the workdir layout, resume and logging are the run harness's (`harness.run`).
 
 The hyperparameters are read from the config once (`GRPOSettings`); the loss
 and the update are pure functions of arrays and those static settings.
@@ -23,6 +24,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -31,7 +33,17 @@ import numpy as np
 import optax
 
 from experiments import common, reward_beside
-from jaxrl_agents import credit, distributed, precompile, registry, rl_loop, types
+from jaxrl_agents import (
+    credit,
+    distributed,
+    harness,
+    overlap,
+    precompile,
+    registry,
+    rl_loop,
+    sharding,
+    types,
+)
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.losses import aggregation as aggregation_lib
@@ -535,7 +547,8 @@ def total_updates(config) -> int:
 
 
 class GRPO:
-  """The GRPO family as an `rl_loop.Algorithm`: jitted pure functions over GRPOSettings."""
+  """The GRPO family's train state, batch preparation and jitted update over GRPOSettings
+  (what `train`'s step calls)."""
 
   def __init__(self, config, model_cfg):
     self.settings = s = settings_from_config(config)
@@ -564,16 +577,6 @@ class GRPO:
                      reward_model=self.beside.init_state() if self.beside else None,
                      ema_params=(jax.tree.map(jnp.copy, params) if self.settings.ema_decay
                                  else None))
-
-  def policy_params(self, state):
-    return state.params
-
-  def averaged_params(self, state):
-    """The policy's moving average that evaluation reads (config.ema_decay), or None."""
-    return state.ema_params
-
-  def nonfinite_count(self, state) -> tuple[int, int]:
-    return optim_lib.nonfinite_count(state)
 
   def score_rollout(self, state, r: rl_loop.Rollout, rng
                     ) -> tuple[rl_loop.Rollout, dict[str, float]]:
@@ -716,7 +719,7 @@ class GRPO:
 
   def precompile(self, state, traj: types.Trajectory, rng) -> None:
     """Starts compiling `update` for a batch of `traj`'s shapes
-    (`jax.ShapeDtypeStruct`s), in the background (`rl_loop.Algorithm`)."""
+    (`jax.ShapeDtypeStruct`s), in the background, while the first rollout samples."""
     s = self.settings
     if s.advantage == ROLE_ADVANTAGE:
       return  # its batch carries role baselines whose shapes depend on the episodes
@@ -845,12 +848,76 @@ def _validate_role_advantage(config) -> None:
     raise ValueError(f"advantage_kwargs.decay must be in [0, 1), got {decay}")
 
 
+def evaluate_policy(evaluate, state: GRPOState) -> tuple[dict, list[dict]]:
+  """`evaluate` of the policy, or of its moving average (config.ema_decay) with the policy's
+  own scalars beside it under `online/`."""
+  if state.ema_params is None:
+    return evaluate(state.params)
+  result, samples = evaluate(state.ema_params)
+  online, _ = evaluate(state.params)
+  return {**result, **{f"online/{k}": v for k, v in online.items()}}, samples
+
+
 def train(config, workdir: str, progress: bool = True) -> dict:
   """Runs (or resumes) a GRPO experiment in `workdir`; returns the last eval record."""
   validate(config)
   model = common.load_model(config)
-  algorithm = GRPO(config, model.cfg)
-  return common.run_experiment(config, workdir, algorithm, model, progress=progress)
+  grpo = GRPO(config, model.cfg)
+  collect, evaluate, data = common.episodes(config, model)
+  mesh = sharding.for_config(config)
+  watch = rl_loop.NoSignalWatch()  # warns when every group ties step after step
+
+  def init_state():
+    return grpo.init_state(model.params,
+                           jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
+
+  def update_step(state, r: rl_loop.Rollout, extra, prepare_rng, update_rng, progress_fraction,
+                  rollout_s: float, wait_s: float | None = None) -> harness.StepResult:
+    t0 = time.perf_counter()
+    rows = r.traj.tokens.shape[0]  # rows split over the mesh's data x fsdp devices
+    r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
+    r, scored = grpo.score_rollout(state, r, prepare_rng)  # a reward model trained beside
+    batch = sharding.shard_batch(grpo.prepare(state, r, prepare_rng), mesh, rows=rows)
+    state, metrics = grpo.update(state, batch, update_rng, progress_fraction)
+    metrics = jax.device_get(metrics)
+    record = rl_loop.step_record(
+        r, {**extra, **scored}, metrics, group_size=config.group_size,
+        policy_token_budget=objective_lib.policy_token_budget(config),
+        epochs=config.get("epochs", 1),
+        skipped_updates=optim_lib.nonfinite_count(state)[1], rollout_s=rollout_s,
+        update_s=time.perf_counter() - t0, wait_s=wait_s)
+    return harness.StepResult(state, watch(record), rl_loop.rollout_samples(r))
+
+  compile_ahead = getattr(collect, "likely_trajectory", None) if mesh is None else None
+
+  def train_step(state, rng, progress_fraction) -> harness.StepResult:
+    nonlocal compile_ahead
+    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
+    t0 = time.perf_counter()
+    examples = next(data)
+    if compile_ahead is not None:  # once a process: the first update, while it samples
+      grpo.precompile(state, compile_ahead(examples), update_rng)
+      compile_ahead = None
+    r, extra = collect(state.params, examples, rollout_rng)
+    if config.get("resample_rounds", 0):  # DAPO's dynamic sampling: more prompts, few vary
+      r, extra = rl_loop.resample_until_varied(
+          collect, state.params, lambda: next(data), rollout_rng, r, extra,
+          need=config.prompts_per_step, max_rounds=config.resample_rounds,
+          group_size=config.group_size, max_new_tokens=config.max_new_tokens)
+    return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction,
+                       time.perf_counter() - t0)
+
+  run_eval = None if evaluate is None else functools.partial(evaluate_policy, evaluate)
+  if config.get("overlap", False):  # the next step's rollout samples during this step's update
+    overlap.check_supported(config, mesh)
+    return overlap.run(config, workdir, collect=collect, data=data, init_state=init_state,
+                       initial_params=model.params, policy_params=lambda state: state.params,
+                       update_step=update_step, evaluate=run_eval,
+                       nonfinite_count=optim_lib.nonfinite_count, progress=progress,
+                       **rl_loop.LOGGED)
+  return harness.run(config, workdir, init_state=init_state, train_step=train_step,
+                     evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
+                     progress=progress, **rl_loop.LOGGED)
 
 
 if __name__ == "__main__":

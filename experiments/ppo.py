@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import NamedTuple
 
 import jax
@@ -37,7 +38,7 @@ import optax
 
 from experiments import common
 from jaxrl_agents import advantages as advantages_lib
-from jaxrl_agents import credit, losses, registry, rl_loop, types
+from jaxrl_agents import credit, harness, losses, registry, rl_loop, sharding, types
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.models import heads, lm
@@ -174,7 +175,8 @@ def critic_labels(params) -> dict:
 
 
 class PPO:
-  """PPO with a critic, as an `rl_loop.Algorithm`: jitted pure functions over PPOSettings."""
+  """PPO's train state, batch preparation (GAE targets) and jitted update over PPOSettings
+  (what `train`'s step calls)."""
 
   def __init__(self, config, model_cfg: lm.CausalLM):
     self.settings = s = settings_from_config(config)
@@ -204,12 +206,6 @@ class PPO:
     ref = jax.tree.map(jnp.copy, params) if self.settings.kl_coef else None
     return PPOState(params=trainable, opt_state=self.tx.init(trainable), ref_params=ref,
                     updates=jnp.zeros((), jnp.int32))
-
-  def policy_params(self, state):
-    return state.params["policy"]
-
-  def nonfinite_count(self, state) -> tuple[int, int]:
-    return optim_lib.nonfinite_count(state)
 
   def prepare(self, state, r: rl_loop.Rollout, rng) -> PPOBatch:
     del rng
@@ -279,8 +275,35 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   """Runs (or resumes) a PPO experiment in `workdir`; returns the last eval record."""
   validate(config)
   model = common.load_model(config)
-  return common.run_experiment(config, workdir, PPO(config, model.cfg), model,
-                               progress=progress)
+  ppo = PPO(config, model.cfg)
+  collect, evaluate, data = common.episodes(config, model)
+  mesh = sharding.for_config(config)
+  watch = rl_loop.NoSignalWatch()  # warns when the gradient is zero step after step
+
+  def init_state():
+    return ppo.init_state(model.params, jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
+
+  def train_step(state, rng, progress_fraction) -> harness.StepResult:
+    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
+    t0 = time.perf_counter()
+    r, extra = collect(state.params["policy"], next(data), rollout_rng)
+    rollout_s, t1 = time.perf_counter() - t0, time.perf_counter()
+    rows = r.traj.tokens.shape[0]  # rows split over the mesh's data x fsdp devices
+    r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
+    batch = sharding.shard_batch(ppo.prepare(state, r, prepare_rng), mesh, rows=rows)
+    state, metrics = ppo.update(state, batch, update_rng, progress_fraction)
+    metrics = jax.device_get(metrics)
+    record = rl_loop.step_record(
+        r, extra, metrics, group_size=config.group_size,
+        policy_token_budget=objective_lib.policy_token_budget(config),
+        epochs=config.get("epochs", 1), skipped_updates=optim_lib.nonfinite_count(state)[1],
+        rollout_s=rollout_s, update_s=time.perf_counter() - t1)
+    return harness.StepResult(state, watch(record), rl_loop.rollout_samples(r))
+
+  run_eval = None if evaluate is None else (lambda state: evaluate(state.params["policy"]))
+  return harness.run(config, workdir, init_state=init_state, train_step=train_step,
+                     evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
+                     progress=progress, **rl_loop.LOGGED)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def _numeric(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_run(workdir: str, name: str | None = None) -> Run:
-  """Reads a workdir written by `jaxrl_agents.rl_loop.run`."""
+  """Reads a workdir written by `harness.run` (any trainer)."""
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir} has no {metrics_lib.METRICS_FILE}: not a training run "

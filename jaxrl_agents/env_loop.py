@@ -1,7 +1,7 @@
 """The RL trainer's rollouts and evaluation over a JAX-native environment (`config.env`).
 
-`rl_loop.run` takes a collector (params, examples, rng -> Rollout) and an
-evaluator; this module makes them for multi-turn episodes
+An RL experiment's train step takes a collector (params, examples, rng -> Rollout) and an
+evaluator (`experiments/common.py`'s `episodes`); this module makes them for multi-turn episodes
 (`rollout.multiturn`): each step draws `prompts_per_step` tasks from the step's
 key, plays `group_size` episodes of each, and hands the Trajectory to the
 algorithm as any rollout. The reward is the episode's return (the sum of its
@@ -194,7 +194,7 @@ def _weighted(records: list[tuple[int, dict]]) -> dict[str, float]:
 
 
 def make(config, model: zoo.Model):
-  """(collect, evaluate, data) for `rl_loop.run` from config.env, env_kwargs, max_turns."""
+  """(collect, evaluate, data) of config.env's episodes (env_kwargs, max_turns)."""
   tok = model.tokenizer
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
   shaping = _check_credit(config, env)

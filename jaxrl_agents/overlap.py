@@ -42,6 +42,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import harness
+
 log = logging.getLogger(__name__)
 
 # Tag of the rollout keys' stream, folded into the seed's key before the step: these
@@ -171,3 +173,50 @@ class Pipeline:
                     future.exception())
     self._executor.shutdown(wait=True, cancel_futures=True)
     self._pending = None
+
+
+def run(config, workdir: str, *, collect, data, init_state, initial_params, policy_params,
+        update_step, evaluate, nonfinite_count, progress: bool = True, **harness_kwargs
+        ) -> dict:
+  """`harness.run` with each step's update overlapped with the next step's rollout.
+
+  The experiment's pieces, for its own train state (`OverlapState.train` here):
+    collect(params, examples, rng) -> (rollout, extra scalars)
+    init_state() -> the train state; initial_params: the policy the first rollout samples
+    policy_params(state) -> the policy inside the train state
+    update_step(state, rollout, extra, prepare_rng, update_rng, progress, rollout_s, wait_s)
+        -> harness.StepResult
+    evaluate(state) -> (record, samples), or None
+    nonfinite_count(state) -> (consecutive, total) skipped updates
+  """
+  lookahead = Lookahead(data)
+  pipeline = Pipeline(collect, lookahead, config.seed)
+
+  def overlapped_step(state: OverlapState, rng, progress_fraction):
+    # The experiment's split of the step key; the rollout's key is `rollout_key` (either
+    # thread samples it).
+    _, prepare_rng, update_rng = jax.random.split(rng, 3)
+    step, t0 = int(state.step), time.perf_counter()
+    r, extra, rollout_s = pipeline.take(step, state.behavior_params)
+    wait_s = time.perf_counter() - t0
+    # The update donates the train state: the next rollout samples from a copy.
+    sampler_params = copy_params(policy_params(state.train))
+    if step + 1 < config.steps:
+      pipeline.start(step + 1, sampler_params)
+    result = update_step(state.train, r, extra, prepare_rng, update_rng, progress_fraction,
+                         rollout_s, wait_s)
+    return result._replace(state=OverlapState(
+        train=result.state, behavior_params=sampler_params, step=state.step + 1))
+
+  def overlapped_eval(state: OverlapState):
+    pipeline.drain()  # the rewards' host state is not shared across threads
+    return evaluate(state.train)
+
+  return harness.run(
+      config, workdir,
+      init_state=lambda: OverlapState(train=init_state(),
+                                      behavior_params=copy_params(initial_params),
+                                      step=jnp.zeros((), jnp.int32)),
+      train_step=overlapped_step, evaluate=None if evaluate is None else overlapped_eval,
+      data=lookahead, nonfinite_count=lambda state: nonfinite_count(state.train),
+      progress=progress, on_exit=pipeline.close, **harness_kwargs)

@@ -1,26 +1,19 @@
-"""The RL trainer on the run harness: rollout, rewards, update, evaluation.
+"""Pieces of an RL trainer's step, for the experiments that own it (experiments/grpo.py,
+experiments/ppo.py): the single-turn collector (prompts -> rewarded replies, a `Rollout`),
+group selection and DAPO's dynamic sampling (`kept_groups`, `resample_until_varied`),
+greedy evaluation, and the step's record and samples.
 
-An experiment (experiments/grpo.py, experiments/ppo.py) supplies an
-`Algorithm`: how to build its train state from the policy params, how to
-prepare a rollout batch for the update (advantages, old/reference
-log-probabilities, values) and the jitted update itself. Here a train step is
-a single-turn rollout (`rollout.single_turn`), its rewards, and the
-algorithm's update; evaluation is greedy decoding of held-out prompts. The
-workdir, resume, schedule, preemption and logging are `harness.run`'s, so
-every algorithm gets the same workdir (see jaxrl_agents/harness.py):
-metrics.jsonl holds per step the rewards per component, accuracy, KL,
-entropy, clip fractions, grad norm, lengths, tokens/s, step and compile time,
-and the eval records; samples.jsonl the prompts, completions and rewards.
+A train step, as the experiments write it:
+
+  examples = next(data)
+  r, extra = collect(params, examples, rollout_rng)       # single_turn_collector, env_loop
+  r, extra = resample_until_varied(...)                   # optional: more prompts
+  batch = prepare(state, r)                               # the experiment's: advantages, ...
+  state, metrics = update(state, batch)                   # the experiment's jitted update
+  record = step_record(r, extra, metrics, ...)            # -> harness.StepResult
 
 Randomness derives from (seed, step) alone, so a run resumed from a checkpoint
 continues exactly as if it had never stopped (bitwise on CPU).
-
-With `config.resample_rounds` a step samples more batches of prompts while too few of
-its groups have reward variance (DAPO's dynamic sampling, `resample_until_varied`).
-
-With `config.overlap` the next step's rollout samples while this step's update
-runs, one update behind the policy (`overlap.py`); the train state is then an
-`overlap.OverlapState` around the algorithm's.
 """
 
 from __future__ import annotations
@@ -28,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -36,9 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import credit, distributed, harness, overlap, sharding, types
+from jaxrl_agents import credit, distributed, types
 from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import time_limit
@@ -48,8 +39,6 @@ from jaxrl_agents.rollout import single_turn
 log = logging.getLogger(__name__)
 
 
-TrainingStopped = harness.TrainingStopped
-compile_seconds = harness.compile_seconds
 
 
 # ----------------------------------------------------------------------------
@@ -303,41 +292,12 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
 # The algorithm interface and the loop.
 
 
-class Algorithm(Protocol):
-  """What an experiment plugs into `run`.
-
-  init_state(params, rng) -> train state pytree (checkpointed as a whole)
-  policy_params(state) -> the policy params inside the state (for sampling)
-  prepare(state, rollout, rng) -> the update's batch pytree (advantages, old/ref logprobs, ...)
-  update(state, batch, rng, progress) -> (state, metrics dict of scalars); jitted, donates the
-      state; progress in [0, 1] is how far the run is (training time over the time budget
-      when there is one, else steps over config.steps), for a learning-rate decay on that clock
-  nonfinite_count(state) -> consecutive skipped (non-finite) updates so far
-
-  Optional: precompile(state, traj, rng) starts compiling the update (or any
-  other program of the step) in the background, for a rollout of `traj`'s
-  shapes (`jax.ShapeDtypeStruct`s); `run` calls it before a process's first
-  rollout when the collector can predict its shapes (`Collect.likely_trajectory`).
-  score_rollout(state, rollout, rng) -> (rollout, metrics) rescores a sampled rollout
-  with what the train state holds (a reward model trained beside the policy) before
-  `prepare` gets it, with the same rng.
-  averaged_params(state) -> the parameters evaluation reads in place of the policy's (a
-  moving average of them), or None; evaluation then reports the policy's own figures
-  beside them under `online/` (`evaluate_state`).
-  """
-
-  def init_state(self, params, rng): ...
-  def policy_params(self, state): ...
-  def prepare(self, state, rollout: Rollout, rng): ...
-  def update(self, state, batch, rng, progress: float): ...
-  def nonfinite_count(self, state) -> tuple[int, int]: ...
-
-
 class Collect(Protocol):
   """A train step's episodes: (params, the data's next batch, rng) -> (Rollout, extra scalars).
 
   Optional attribute: likely_trajectory(examples) -> the Trajectory's most likely shapes
-  (`jax.ShapeDtypeStruct`s) before sampling, for `Algorithm.precompile`.
+  (`jax.ShapeDtypeStruct`s) before sampling, so an experiment can compile its first update
+  while the first rollout samples (experiments/grpo.py).
   """
 
   def __call__(self, params, examples: Any, rng: jax.Array
@@ -398,92 +358,6 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
   return collect, run_eval if eval_examples else None
 
 
-def run(config, workdir: str, algorithm: Algorithm, model: zoo.Model, *, train_data,
-        collect: Collect, evaluate: Callable[[Any], tuple[dict, list[dict]]] | None,
-        progress: bool = True) -> dict:
-  """Trains for config.steps rollout steps on the run harness (`harness.run`: workdir,
-  resume, schedule, preemption, logging).
-
-  Args:
-    config: the experiment's ConfigDict (see experiments/configs/).
-    workdir: the run directory.
-    algorithm: the experiment's Algorithm.
-    model: the policy (its params are the initial policy).
-    train_data: an iterator (with get_state/set_state) whose batches `collect` takes.
-    collect: the step's episodes (`single_turn_collector`, `env_loop.make`).
-    evaluate: policy params -> (eval scalars, samples), or None.
-    progress: show a tqdm progress bar on stderr.
-
-  Returns:
-    The last eval record (or {} when evaluation is off).
-  """
-
-  mesh = sharding.for_config(config)
-  watch = NoSignalWatch()
-
-  def update_step(*args, **kwargs) -> harness.StepResult:
-    return watch(_update_step(config, algorithm, mesh, *args, **kwargs))
-
-  def init_state():
-    return algorithm.init_state(model.params,
-                                jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
-
-  if config.get("overlap", False):
-    overlap.check_supported(config, mesh)
-    return _run_overlapped(config, workdir, algorithm, model, train_data, collect, evaluate,
-                           progress, init_state, update_step)
-
-  precompile_started = False  # once per process: later steps reuse what it compiled
-
-  def train_step(state, rng, progress_fraction):
-    nonlocal precompile_started
-    rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
-    t0 = time.perf_counter()
-    examples = next(train_data)
-    if not precompile_started:
-      precompile_started = True
-      _start_precompile(algorithm, collect, mesh, state, examples, update_rng)
-    params = algorithm.policy_params(state)
-    r, extra = collect(params, examples, rollout_rng)
-    if config.get("resample_rounds", 0):
-      r, extra = resample_until_varied(
-          collect, params, lambda: next(train_data), rollout_rng, r, extra,
-          need=config.prompts_per_step, max_rounds=config.resample_rounds,
-          group_size=config.group_size, max_new_tokens=config.max_new_tokens)
-    return update_step(state, r, extra, prepare_rng, update_rng, progress_fraction,
-                       time.perf_counter() - t0)
-
-  run_eval = None if evaluate is None else (
-      lambda state: evaluate_state(algorithm, evaluate, state))
-  return harness.run(
-      config, workdir, init_state=init_state, train_step=train_step, evaluate=run_eval,
-      data=train_data, nonfinite_count=algorithm.nonfinite_count, progress=progress,
-      **_LOGGED)
-
-
-def evaluate_state(algorithm: Algorithm, evaluate, state) -> tuple[dict, list[dict]]:
-  """`evaluate` of the train state's evaluated policy: its averaged parameters where the
-  algorithm keeps them (`averaged_params`), with the policy's own scalars beside them under
-  `online/`; else the policy's."""
-  averaged = getattr(algorithm, "averaged_params", lambda state: None)(state)
-  if averaged is None:
-    return evaluate(algorithm.policy_params(state))
-  result, samples = evaluate(averaged)
-  online, _ = evaluate(algorithm.policy_params(state))
-  return {**result, **{f"online/{k}": v for k, v in online.items()}}, samples
-
-
-def _start_precompile(algorithm: Algorithm, collect: Collect, mesh, state, examples,
-                      rng) -> None:
-  """Starts compiling the update for the rollout's likely shapes while it samples
-  (`precompile.py`). Nothing when the collector cannot predict them, the algorithm has
-  nothing to compile ahead, or the run is on a mesh (a compiled program's placement is
-  fixed)."""
-  hint = getattr(collect, "likely_trajectory", None)
-  if hint is not None and hasattr(algorithm, "precompile") and mesh is None:
-    algorithm.precompile(state, hint(examples), rng)
-
-
 class NoSignalWatch:
   """Warns in the log when `metrics.NO_SIGNAL_STEPS` train records in a row had no learning
   signal (`metrics.has_no_signal`): a run whose reward never varies within a group trains
@@ -492,85 +366,42 @@ class NoSignalWatch:
   def __init__(self):
     self.streak = 0
 
-  def __call__(self, result: harness.StepResult) -> harness.StepResult:
-    self.streak = self.streak + 1 if metrics_lib.has_no_signal(result.record) else 0
+  def __call__(self, record: Mapping[str, Any]) -> Mapping[str, Any]:
+    self.streak = self.streak + 1 if metrics_lib.has_no_signal(record) else 0
     if self.streak == metrics_lib.NO_SIGNAL_STEPS:
       log.warning("no learning signal for %d steps in a row (every group's rewards tied, or a "
                   "zero gradient): nothing is being learned; check that the reward varies "
                   "within a group (the reward, the grader, the task's difficulty)", self.streak)
-    return result
+    return record
 
 
-# What the progress bar shows, and what stops a run when it is not finite.
-_LOGGED = dict(postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",))
+# What the progress bar shows, and what stops a run when it is not finite (`harness.run`'s
+# postfix and finite_keys).
+LOGGED = dict(postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",))
 
 
-def _update_step(config, algorithm: Algorithm, mesh, state, r: Rollout,
-                 extra: Mapping[str, float], prepare_rng, update_rng, progress_fraction,
-                 rollout_s: float, wait_s: float | None = None) -> harness.StepResult:
-  """A sampled rollout's update and the step's record (`wait_s`: an overlapped step's wait
-  for its rollout)."""
-  t1 = time.perf_counter()
-  # Rows split over the mesh's data x fsdp devices (no-op on one device); what the
-  # batch carries that is not per row (a baseline's state) stays as it is.
-  rows = r.traj.tokens.shape[0]
-  r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
-  if hasattr(algorithm, "score_rollout"):  # a reward that lives in the train state
-    r, scored = algorithm.score_rollout(state, r, prepare_rng)
-    extra = {**extra, **scored}
-  batch = sharding.shard_batch(algorithm.prepare(state, r, prepare_rng), mesh, rows=rows)
-  state, update_metrics = algorithm.update(state, batch, update_rng, progress_fraction)
-  update_metrics = jax.device_get(update_metrics)
-  t2 = time.perf_counter()
+def step_record(r: Rollout, extra: Mapping[str, float], update_metrics: Mapping[str, Any], *,
+                group_size: int, policy_token_budget: int, epochs: int, skipped_updates: int,
+                rollout_s: float, update_s: float, wait_s: float | None = None
+                ) -> dict[str, float]:
+  """A train step's metrics.jsonl record: the rollout's rewards, accuracy and lengths
+  (`rollout_metrics`), the collector's `extra` scalars, the update's metrics, the skipped
+  (non-finite) updates so far, and the step's times and token rates (`wait_s`: an
+  overlapped step's wait for its rollout)."""
   generated = int(distributed.to_host(r.traj.policy_mask).sum())
   attended = int(distributed.to_host(r.traj.valid).sum())
   record = {
-      **rollout_metrics(r, config.group_size, objective_lib.policy_token_budget(config)),
+      **rollout_metrics(r, group_size, policy_token_budget),
       **extra,
       **{k: float(v) for k, v in update_metrics.items()},
-      "skipped_updates": algorithm.nonfinite_count(state)[1],
-      "rollout_time_s": rollout_s, "update_time_s": t2 - t1,
+      "skipped_updates": skipped_updates,
+      "rollout_time_s": rollout_s, "update_time_s": update_s,
       "rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
-      "update_tokens_per_s": attended * config.get("epochs", 1) / max(t2 - t1, 1e-9),
+      "update_tokens_per_s": attended * epochs / max(update_s, 1e-9),
   }
   if wait_s is not None:  # the rollout ran during the previous update: the step waited this long
     record["rollout_wait_s"] = wait_s
-  return harness.StepResult(state, record, rollout_samples(r))
-
-
-def _run_overlapped(config, workdir: str, algorithm: Algorithm, model: zoo.Model, train_data,
-                    collect: Collect, evaluate, progress: bool, init_state, update_step) -> dict:
-  """`run` with the next step's rollout sampled during this step's update (`overlap.py`)."""
-  data = overlap.Lookahead(train_data)
-  pipeline = overlap.Pipeline(collect, data, config.seed)
-
-  def overlapped_step(state: overlap.OverlapState, rng, progress_fraction):
-    # train_step's split; the rollout's key is overlap.rollout_key (either thread samples it)
-    _, prepare_rng, update_rng = jax.random.split(rng, 3)
-    step, t0 = int(state.step), time.perf_counter()
-    r, extra, rollout_s = pipeline.take(step, state.behavior_params)
-    wait_s = time.perf_counter() - t0
-    # The update donates the train state: the next rollout samples from a copy.
-    sampler_params = overlap.copy_params(algorithm.policy_params(state.train))
-    if step + 1 < config.steps:
-      pipeline.start(step + 1, sampler_params)
-    result = update_step(state.train, r, extra, prepare_rng, update_rng, progress_fraction,
-                         rollout_s, wait_s)
-    return result._replace(state=overlap.OverlapState(
-        train=result.state, behavior_params=sampler_params, step=state.step + 1))
-
-  def overlapped_eval(state: overlap.OverlapState):
-    pipeline.drain()  # the rewards' host state is not shared across threads
-    return evaluate_state(algorithm, evaluate, state.train)
-
-  return harness.run(
-      config, workdir,
-      init_state=lambda: overlap.OverlapState(
-          train=init_state(), behavior_params=overlap.copy_params(model.params),
-          step=jnp.zeros((), jnp.int32)),
-      train_step=overlapped_step, evaluate=None if evaluate is None else overlapped_eval,
-      data=data, nonfinite_count=lambda state: algorithm.nonfinite_count(state.train),
-      progress=progress, on_exit=pipeline.close, **_LOGGED)
+  return record
 
 
 def rollout_samples(r: Rollout) -> list[dict]:

@@ -146,10 +146,10 @@ def test_warnings_flag_a_run_without_learning_signal(tmp_path):
 
 
 def test_no_signal_watch_warns_once_per_streak(caplog):
-  from jaxrl_agents import harness, rl_loop
+  from jaxrl_agents import rl_loop
   watch = rl_loop.NoSignalWatch()
-  tied = harness.StepResult(None, {"zero_variance_groups": 1.0, "grad_norm": 0.0}, [])
-  varied = harness.StepResult(None, {"zero_variance_groups": 0.25, "grad_norm": 0.7}, [])
+  tied = {"zero_variance_groups": 1.0, "grad_norm": 0.0}
+  varied = {"zero_variance_groups": 0.25, "grad_norm": 0.7}
   steps = [tied] * (metrics_lib.NO_SIGNAL_STEPS - 1) + [varied] + \
       [tied] * (metrics_lib.NO_SIGNAL_STEPS + 3)
   with caplog.at_level("WARNING", logger="jaxrl_agents.rl_loop"):

@@ -20,7 +20,7 @@ from experiments.configs import (
   grpo_tic_tac_toe_self_play,
   ppo_arithmetic,
 )
-from jaxrl_agents import checkpointing, registry, rl_loop, types
+from jaxrl_agents import checkpointing, harness, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import scoring, single_turn
@@ -129,23 +129,16 @@ def test_the_moving_average_of_the_policy_is_evaluated_and_exported(tmp_path):
 
 
 def test_evaluation_reads_the_average_and_reports_the_policy_beside_it():
-  class Averaging:
-    def policy_params(self, state):
-      return state["policy"]
-
-    def averaged_params(self, state):
-      return state["average"]
-
   def evaluate(params):
     return {"accuracy": params}, [{"params": params}]
 
-  state = {"policy": 0.25, "average": 0.75}
-  result, samples = rl_loop.evaluate_state(Averaging(), evaluate, state)
+  state = grpo.GRPOState(params=0.25, opt_state=None, ref_params=None, updates=None,
+                         kl_ctl=None, ema_params=0.75)
+  result, samples = grpo.evaluate_policy(evaluate, state)
   assert result == {"accuracy": 0.75, "online/accuracy": 0.25}
   assert samples == [{"params": 0.75}]
-  state["average"] = None  # an algorithm that keeps no average this run
-  assert rl_loop.evaluate_state(Averaging(), evaluate, state) == ({"accuracy": 0.25},
-                                                                  [{"params": 0.25}])
+  state = state._replace(ema_params=None)  # a run that keeps no average
+  assert grpo.evaluate_policy(evaluate, state) == ({"accuracy": 0.25}, [{"params": 0.25}])
 
 
 @pytest.mark.parametrize("epochs, minibatches", [(1, 1), (2, 2)])
@@ -624,7 +617,7 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path):
   config.policy_loss, config.loss_kwargs = "test_always_nan", {}
   config.max_consecutive_nonfinite, config.steps, config.eval_every = 3, 10, 0
   with registry.registered("policy_loss", "test_always_nan", _always_nan), \
-      pytest.raises(rl_loop.TrainingStopped,
+      pytest.raises(harness.TrainingStopped,
                     match="3 consecutive updates had a non-finite.*no checkpoint was written"):
     grpo.train(config, str(tmp_path), progress=False)
   train = _records(str(tmp_path), "train")

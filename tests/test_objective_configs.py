@@ -11,7 +11,7 @@ import pytest
 
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
-from jaxrl_agents import advantages, checkpointing, registry, rl_loop, types
+from jaxrl_agents import advantages, checkpointing, harness, registry, rl_loop, types
 from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import objective as objective_lib
 from jaxrl_agents.models import zoo
@@ -230,7 +230,7 @@ def test_skipped_steps_leave_the_kl_coefficient_alone(tmp_path):
                  **{"kl_controller.name": "adaptive", "kl_controller.horizon": 12.0})
   config.checkpoint_every, config.max_consecutive_nonfinite = 1, 3
   with registry.registered("policy_loss", "test_nan_loss", _nan_loss), \
-      pytest.raises(rl_loop.TrainingStopped):
+      pytest.raises(harness.TrainingStopped):
     grpo.train(config, str(tmp_path), progress=False)
   # No checkpoint is written during the streak; the logged coefficient of each step is
   # the controller's beta when it ran.

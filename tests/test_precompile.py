@@ -16,7 +16,7 @@ import pytest
 from experiments import grpo
 from experiments.configs import grpo_arithmetic
 from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import precompile, rl_loop
+from jaxrl_agents import precompile
 
 
 def _affine(params, x, scale):
@@ -152,7 +152,7 @@ def test_a_run_with_its_first_update_precompiled_logs_what_one_without_logs(
   # The tiny random model's replies run to the budget, as `likely_trajectory` predicts:
   # every update ran the program compiled during the first rollout.
   assert update.hits == config.steps
-  monkeypatch.setattr(rl_loop, "_start_precompile", lambda *args: False)
+  monkeypatch.setattr(grpo.GRPO, "precompile", lambda *args: None)  # nothing compiled ahead
   grpo.train(config, str(tmp_path / "on_call"), progress=False)
   assert instances[1].hits == 0
   assert _untimed(tmp_path / "ahead") == _untimed(tmp_path / "on_call")
