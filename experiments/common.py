@@ -8,6 +8,7 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import data as data_lib
@@ -225,6 +226,17 @@ def make_rewards(config):
   if learned is not None:
     reward_fn = rewards_lib.SumOfRewards(reward_fn, learned)
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
+
+
+def supervised_update(update, mesh, state, batch, rng, progress: float, truncated: int):
+  """The offline trainers' update on one encoded batch: its rows split over the mesh's
+  devices, the jitted `update(state, batch, rng, progress)`, its metrics as floats with the
+  count of sequences cut to fit (`sequences_truncated`). -> (state, record)."""
+  batch = sharding.shard_batch(batch, mesh)
+  state, metrics = update(state, batch, rng, jnp.float32(progress))
+  record = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  record["sequences_truncated"] = truncated
+  return state, record
 
 
 def trains_reward_model(config) -> bool:

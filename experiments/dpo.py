@@ -197,10 +197,8 @@ class PreferenceTrainer:
   def train_step(self, state: DPOState, rng, progress: float) -> harness.StepResult:
     pairs = next(self.data)
     batch, truncated = self.batch(pairs)
-    batch = sharding.shard_batch(batch, self.mesh)
-    state, metrics = self._update(state, batch, rng, jnp.float32(progress))
-    record = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    record["sequences_truncated"] = truncated
+    state, record = common.supervised_update(self._update, self.mesh, state, batch, rng,
+                                             progress, truncated)
     samples = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]}
                for p in pairs]
     return harness.StepResult(state=state, record=record, samples=samples)

@@ -294,17 +294,6 @@ def _turn_credit_settings(config) -> dict:
               step_weight=float(tc.step_weight))
 
 
-def select_groups(traj: types.Trajectory, rewards: np.ndarray, keep: int
-                  ) -> tuple[types.Trajectory, np.ndarray]:
-  """(the kept groups' rows, their rewards f32[keep, G]); see `rl_loop.kept_groups`."""
-  groups, g = rewards.shape
-  kept = rl_loop.kept_groups(rewards, keep)
-  if len(kept) == groups:
-    return traj, rewards
-  rows = rl_loop.group_rows(kept, g)
-  return jax.tree.map(lambda x: x[rows], traj), rewards[kept]
-
-
 def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
                      ) -> tuple[types.Trajectory, jax.Array, np.ndarray]:
   """The kept groups' rows, their f32[B] advantages (a registered estimator) and verdicts."""

@@ -135,10 +135,8 @@ class ProcessRewardModelTrainer:
   def train_step(self, state, rng, progress: float) -> harness.StepResult:
     rows = next(self.data)
     batch, truncated = step_batch(self.model.tokenizer, rows, self.s)
-    batch = sharding.shard_batch(batch, self.mesh)
-    state, metrics = self._update(state, batch, rng, jnp.float32(progress))
-    record = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    record["sequences_truncated"] = truncated
+    state, record = common.supervised_update(self._update, self.mesh, state, batch, rng,
+                                             progress, truncated)
     samples = [{"prompt": r["prompt"], "steps": r["steps"], "values": r["values"]}
                for r in rows]
     return harness.StepResult(state=state, record=record, samples=samples)

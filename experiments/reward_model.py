@@ -179,10 +179,8 @@ class RewardModelTrainer:
   def train_step(self, state: RMState, rng, progress: float) -> harness.StepResult:
     pairs = next(self.data)
     batch, truncated = pair_batch(self.model.tokenizer, pairs, self.s)
-    batch = sharding.shard_batch(batch, self.mesh)
-    state, metrics = self._update(state, batch, rng, jnp.float32(progress))
-    record = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    record["sequences_truncated"] = truncated
+    state, record = common.supervised_update(self._update, self.mesh, state, batch, rng,
+                                             progress, truncated)
     samples = [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]}
                for p in pairs]
     return harness.StepResult(state=state, record=record, samples=samples)

@@ -128,10 +128,8 @@ class SFTTrainer:
   def train_step(self, state: SFTState, rng, progress: float) -> harness.StepResult:
     rows = next(self.data)
     batch, truncated = self._encode(rows)
-    batch = sharding.shard_batch(batch, self.mesh)
-    state, metrics = self._update(state, batch, rng, jnp.float32(progress))
-    record = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    record["sequences_truncated"] = truncated
+    state, record = common.supervised_update(self._update, self.mesh, state, batch, rng,
+                                             progress, truncated)
     return harness.StepResult(state=state, record=record,
                               samples=[{"prompt": r["prompt"], "completion": r["completion"]}
                                        for r in rows])

@@ -84,3 +84,35 @@ def copy_as_crashed_after(workdir, dest, step: int) -> str:
 def crashed_copy():
   """`copy_as_crashed_after`, for tests (conftest is not imported by test modules)."""
   return copy_as_crashed_after
+
+
+FAST_TIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_tier.txt")
+
+
+def _fast_tier_entries() -> list[str]:
+  with open(FAST_TIER) as f:
+    return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "fast: the fast tier (tests/fast_tier.txt, make test-fast)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+  """Marks the tests tests/fast_tier.txt lists `fast`. An entry whose file was collected but
+  that names no collected test is an error naming it (a renamed test must be renamed there)."""
+  entries = _fast_tier_entries()
+  matched = dict.fromkeys(entries, False)
+  files = {item.nodeid.split("::")[0] for item in items}
+  for item in items:
+    base = item.nodeid.split("[")[0]  # every parametrization of a listed test
+    for entry in entries:
+      if base == entry or item.nodeid.startswith(entry + "::"):
+        item.add_marker(pytest.mark.fast)
+        matched[entry] = True
+  # Only a whole collection of a file can show an entry is stale (-k and ids narrow it).
+  narrowed = config.getoption("keyword") or any("::" in a for a in config.args)
+  stale = [e for e, hit in matched.items() if not hit and e.split("::")[0] in files]
+  if stale and not narrowed:
+    raise pytest.UsageError(f"tests/fast_tier.txt names tests that do not exist: {stale}")

@@ -540,22 +540,19 @@ def test_bad_config_fails_before_anything_runs(tmp_path, flag, message):
   assert time.monotonic() - start < 60
 
 
-def test_select_groups_keeps_groups_with_reward_variance_first():
+def test_kept_groups_keep_groups_with_reward_variance_first():
+  """Oversampling's selection (`rl_loop.kept_groups`, the rows by `group_rows`), as
+  `grpo.group_advantages` applies it."""
   rewards = np.array([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.2], [0.5, 0.5]], np.float32)
-  rows = jnp.arange(10)
-  seq = types.single_turn(rows[:, None], rows[:, None] > -1, rows[:, None], rows[:, None] > -1,
-                          jnp.zeros((10, 1)))
-  kept, kept_rewards = grpo.select_groups(seq, rewards, keep=2)
-  np.testing.assert_array_equal(kept.tokens[:, 0], [2, 3, 6, 7])  # groups 1 and 3
-  np.testing.assert_array_equal(kept_rewards, rewards[[1, 3]])
+  kept = rl_loop.kept_groups(rewards, keep=2)
+  np.testing.assert_array_equal(kept, [1, 3])
+  np.testing.assert_array_equal(rl_loop.group_rows(kept, 2), [2, 3, 6, 7])
   # Too few groups vary: tied ones top up, in sampling order, and order is kept.
-  kept, kept_rewards = grpo.select_groups(seq, rewards, keep=3)
-  np.testing.assert_array_equal(kept.tokens[:, 0], [0, 1, 2, 3, 6, 7])
-  assert kept.prompt_width == 1
-  same, _ = grpo.select_groups(seq, rewards, keep=5)
-  assert same is seq
+  kept = rl_loop.kept_groups(rewards, keep=3)
+  np.testing.assert_array_equal(rl_loop.group_rows(kept, 2), [0, 1, 2, 3, 6, 7])
+  np.testing.assert_array_equal(rl_loop.kept_groups(rewards, keep=5), np.arange(5))
   with pytest.raises(ValueError, match="cannot keep 6 groups of 5"):
-    grpo.select_groups(seq, rewards, keep=6)
+    rl_loop.kept_groups(rewards, keep=6)
 
 
 def test_split_for_sampling_keeps_every_prompt():

@@ -13,6 +13,8 @@ Variants: reward_model (above); tiny (the tiny random model, seconds).
 
 import ml_collections
 
+from experiments.configs import trainer_common
+
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -23,14 +25,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
   c.policy_workdir = ""
-  c.task = "arithmetic/mixed"
-  c.eval_split = "test"
+  trainer_common.add_task(c)
   c.eval_size = 100
-  c.prompt_template = "{question} Answer with just the number."
-  c.system_prompt = ""
-  c.chat = True
-  c.grader = "math_strict"
-  c.grader_kwargs = ml_collections.ConfigDict()
   c.rewards = ml_collections.ConfigDict({"math_strict": 1.0})
   c.reward_time_limit_s = 10.0
   c.generation = ml_collections.ConfigDict(dict(

@@ -101,7 +101,7 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.prompts_per_step = 4  # groups per update
   c.group_size = 8
   # Sample oversample x prompts_per_step prompts per step and train on the
-  # prompts_per_step groups whose rewards vary (experiments.grpo.select_groups).
+  # prompts_per_step groups whose rewards vary (rl_loop.kept_groups).
   c.oversample = 1
   # DAPO's dynamic sampling: while fewer than prompts_per_step of the sampled groups have
   # reward variance, sample up to this many more batches of prompts and keep the varied

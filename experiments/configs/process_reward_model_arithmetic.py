@@ -30,14 +30,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.steps_jsonl = ""
   c.eval_steps_jsonl = ""
   c.eval_size = 400  # held-out rows scored per evaluation (at most)
-  c.task = "arithmetic/mixed"
-  c.eval_split = "test"
-  c.prompt_template = ("{question} Work it out step by step, one step per line, and end with "
-                       "'The answer is N.'")
-  c.system_prompt = ""
-  c.chat = True
-  c.grader = "math_strict"  # a registered reward: 1 accepts a reply
-  c.grader_kwargs = ml_collections.ConfigDict()
+  trainer_common.add_task(c, prompt_template=(
+      "{question} Work it out step by step, one step per line, and end with "
+      "'The answer is N.'"))
   c.steps_dir = ""
   c.step_separator = "\n"
   c.max_steps = 6  # steps past it join the last

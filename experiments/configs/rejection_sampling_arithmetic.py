@@ -24,18 +24,13 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
 
-  c.task = "arithmetic/mixed"
+  trainer_common.add_task(c, grader_kwargs=False)
   c.jsonl_path = ""  # your prompts: {"prompt": ..., "answer": ...} per line
   c.eval_jsonl_path = ""
-  c.eval_split = "test"
   c.eval_size = 100
-  c.prompt_template = "{question} Answer with just the number."
-  c.system_prompt = ""
-  c.chat = True
   # What ranks the replies: verifiable rewards, or a trained reward model
   # ({"reward_model": {"workdir": RUN}}); the grader gives the accuracy.
   c.rewards = ml_collections.ConfigDict({"math_strict": 1.0})
-  c.grader = "math_strict"
   c.reward_combinator = ml_collections.ConfigDict(dict(name="sum", min_gap=1.0, threshold=1.0))
   c.reward_time_limit_s = 10.0
 

@@ -25,16 +25,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
   c.jsonl_path = ""  # {"prompt", "completion"} rows; empty: the task's questions and answers
   c.eval_jsonl_path = ""  # held-out rows for the held-out NLL
-  c.task = "arithmetic/mixed"
-  c.eval_split = "test"
-  c.eval_size = 100
-  c.prompt_template = "{question} Answer with just the number."
-  c.completion_template = "{answer}"
-  c.system_prompt = ""
-  c.chat = True
   # Held-out accuracy: greedy replies graded like the GRPO main job's.
+  trainer_common.add_task(c, grader_kwargs=False)
+  c.eval_size = 100
+  c.completion_template = "{answer}"
   c.rewards = ml_collections.ConfigDict({"math_strict": 1.0})
-  c.grader = "math_strict"
   c.reward_time_limit_s = 10.0
   c.max_new_tokens = 32
   c.eval_batch_size = 32

@@ -8,6 +8,23 @@
 
 import ml_collections
 
+ANSWER_ONLY = "{question} Answer with just the number."
+
+
+def add_task(c: ml_collections.ConfigDict, *, prompt_template: str = ANSWER_ONLY,
+             grader_kwargs: bool = True) -> None:
+  """The task block the offline trainers share: `task`'s questions (its `eval_split` held
+  out) asked through the chat template with `prompt_template`, replies graded by `grader` (a
+  registered reward: 1 accepts a reply) with `grader_kwargs` where the trainer reads them."""
+  c.task = "arithmetic/mixed"
+  c.eval_split = "test"
+  c.prompt_template = prompt_template
+  c.system_prompt = ""
+  c.chat = True
+  c.grader = "math_strict"
+  if grader_kwargs:
+    c.grader_kwargs = ml_collections.ConfigDict()
+
 
 def add_pair_data(c: ml_collections.ConfigDict) -> None:
   # Pairs from your own JSONL ({"prompt", "chosen", "rejected"} per line); when
@@ -18,13 +35,7 @@ def add_pair_data(c: ml_collections.ConfigDict) -> None:
   # Generated pairs: the model samples `group_size` replies per question, the
   # grader splits them into accepted and rejected. They are written to
   # `pairs_dir` (default <workdir>/pairs) and reused while the settings match.
-  c.task = "arithmetic/mixed"
-  c.eval_split = "test"
-  c.prompt_template = "{question} Answer with just the number."
-  c.system_prompt = ""
-  c.chat = True
-  c.grader = "math_strict"  # a registered reward: 1 accepts a reply
-  c.grader_kwargs = ml_collections.ConfigDict()
+  add_task(c)
   c.pairs_dir = ""
   c.generation = ml_collections.ConfigDict(dict(
       train_prompts=1000,  # training questions (the first of the train split)
