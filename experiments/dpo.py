@@ -43,7 +43,7 @@ from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.losses import preference as preference_lib
 from jaxrl_agents.models import reward_model as rm_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import scoring
+from jaxrl_agents.rollout import scoring, shapes
 
 LOSSES = ("dpo", "ipo", "rpo", "cpl")
 _LOSS_FNS = {"dpo": losses.dpo_loss, "ipo": losses.ipo_loss, "rpo": losses.rpo_loss,
@@ -208,11 +208,8 @@ class PreferenceTrainer:
     reference's log-probs, made once: (batch, real rows)."""
     if self._held_batches is None:
       bs, held = self.config.score_batch_size, self.held_pairs
-      self._held_batches = []
-      for start in range(0, len(held), bs):
-        chunk = list(held[start:start + bs])
-        self._held_batches.append((self.batch(chunk + [chunk[0]] * (bs - len(chunk)))[0],
-                                   len(chunk)))
+      self._held_batches = [(self.batch(padded)[0], n)
+                            for _, n, padded in shapes.padded_batches(held, bs)]
     return self._held_batches
 
   def evaluate(self, state: DPOState) -> tuple[dict, list[dict]]:

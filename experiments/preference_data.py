@@ -50,7 +50,7 @@ from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import answers
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.rollout import shapes, single_turn
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +134,14 @@ def sample_replies(model: zoo.Model, examples, *, config, temperature: float, gr
       stop_tokens=tokenizer_lib.stop_token_ids(tok), pad_id=tok.pad_token_id)
   grade = grader(config)
   prompts, replies, verdicts = [], [], []
-  for start in tqdm(range(0, len(examples), g.batch_prompts), desc=desc, unit="batch",
-                    disable=not progress):
-    chunk = list(examples[start:start + g.batch_prompts])
-    padded = chunk + [chunk[0]] * (g.batch_prompts - len(chunk))  # one compiled shape
+  for start, n, padded in tqdm(shapes.padded_batches(examples, g.batch_prompts), desc=desc,
+                               unit="batch", total=shapes.num_batches(examples, g.batch_prompts),
+                               disable=not progress):
     s = single_turn.sample(model.params if params is None else params, model, padded,
                            jax.random.key(seed + start), group_size=group_size, sampling=sampling,
                            template=template or config.prompt_template, chat=config.chat,
                            system=config.system_prompt or None)
-    rows = len(chunk) * group_size
+    rows = n * group_size
     prompts += s.prompts[:rows]
     replies += s.completions[:rows]
     verdicts += list(np.asarray(grade(s.completions[:rows], s.examples[:rows]), np.float32))

@@ -42,7 +42,7 @@ from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import scoring, single_turn
+from jaxrl_agents.rollout import scoring, shapes, single_turn
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,9 @@ class SFTTrainer:
     record, samples = {}, []
     if self.held_rows:
       bs, tokens, nll = self.config.batch_size, 0.0, 0.0
-      for start in range(0, len(self.held_rows), bs):
-        chunk = list(self.held_rows[start:start + bs])
-        batch, _ = self._encode(chunk + [chunk[0]] * (bs - len(chunk)))
-        keep = np.arange(bs) < len(chunk)  # the padding rows carry no loss
+      for _, n, padded in shapes.padded_batches(self.held_rows, bs):
+        batch, _ = self._encode(padded)
+        keep = np.arange(bs) < n  # the padding rows carry no loss
         batch = batch._replace(reply=batch.reply & jnp.asarray(keep)[:, None])
         _, m = self._nll(state.params, batch)
         tokens += float(m["num_tokens"])

@@ -37,7 +37,7 @@ from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.rollout import shapes, single_turn
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +103,15 @@ def sampler_continuations(model: zoo.Model, config, *, seed: int, desc: str,
 
   def continue_fn(prompts, prefixes):
     out = []
-    for start in tqdm(range(0, len(prompts), g.batch_prompts), desc=desc, unit="batch",
-                      disable=not progress):
+    pairs = list(zip(prompts, prefixes, strict=True))
+    for start, n, batch in tqdm(shapes.padded_batches(pairs, g.batch_prompts), desc=desc,
+                                unit="batch", total=shapes.num_batches(pairs, g.batch_prompts),
+                                disable=not progress):
       rows = []
-      for p, x in zip(prompts[start:start + g.batch_prompts],
-                      prefixes[start:start + g.batch_prompts], strict=True):
+      for p, x in batch:  # one compiled batch size: the last batch padded
         ids = (tokenizer_lib.encode_chat(tok, p, config.system_prompt or None)[0]
                if config.chat else tokenizer_lib.plain_ids(tok, p))
         rows.append((ids + tokenizer_lib.plain_ids(tok, x))[-limit:])
-      n = len(rows)
-      rows += [rows[0]] * (g.batch_prompts - n)  # one compiled batch size
       width = preferences.bucket_width(max(len(r) for r in rows))
       tokens, mask = tokenizer_lib.pad_left(rows, tok.pad_token_id, width)
       s = sampler_lib.generate(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(mask),

@@ -34,7 +34,7 @@ from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.rollout import shapes, single_turn
 
 log = logging.getLogger(__name__)
 
@@ -261,15 +261,13 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
       stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
       pad_id=model.tokenizer.pad_token_id, compact_min_rows=compact_min_rows)
   completions, used, prompts_truncated = [], [], 0
-  for start in range(0, len(examples), batch_size):
-    chunk = list(examples[start:start + batch_size])
-    padded = chunk + [chunk[0]] * (batch_size - len(chunk))  # one compiled batch shape
+  for _, n, padded in shapes.padded_batches(examples, batch_size):
     s = single_turn.sample(params, model, padded, jax.random.key(0), group_size=1,
                            sampling=sampling, template=template, chat=chat, system=system,
                            overflow=overflow)
-    completions += s.completions[:len(chunk)]
-    used += chunk
-    prompts_truncated += int(s.prompts_truncated[:len(chunk)].sum())  # not the padding
+    completions += s.completions[:n]
+    used += padded[:n]
+    prompts_truncated += int(s.prompts_truncated[:n].sum())  # not the padding
   total, components = reward_fn(completions, used)
   timeouts = time_limit.timeouts(reward_fn)
   correct = np.asarray(grader(completions, used), np.float32)

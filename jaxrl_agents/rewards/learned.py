@@ -33,6 +33,7 @@ import numpy as np
 
 from jaxrl_agents import distributed, registry
 from jaxrl_agents.rewards._checks import as_rewards, check_batch
+from jaxrl_agents.rollout import shapes
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,10 @@ def check_workdir(workdir: str) -> None:
 
 
 def _padded_batches(columns: Sequence[Sequence[Any]], batch_size: int):
-  """(real rows, the columns' next batch_size rows): the last batch padded with copies of
-  its first row, so every batch has one shape and repeated scoring compiles a few."""
-  for start in range(0, len(columns[0]), batch_size):
-    chunk = [list(c[start:start + batch_size]) for c in columns]
-    rows = len(chunk[0])
-    yield rows, [c + [c[0]] * (batch_size - rows) for c in chunk]
+  """(real rows, the columns' next batch_size rows) of `shapes.padded_batches` over the
+  columns' rows, so every batch has one shape and repeated scoring compiles a few."""
+  for _, rows, batch in shapes.padded_batches(list(zip(*columns, strict=True)), batch_size):
+    yield rows, [list(c) for c in zip(*batch, strict=True)]
 
 
 def score_texts(score_fn, params, tok, prompts: Sequence[str], responses: Sequence[str], *,
