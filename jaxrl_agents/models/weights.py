@@ -199,13 +199,22 @@ def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
   with open(config_path) as f:
     cfg = config_from_hf(json.load(f))
   get, _ = read_safetensors_dir(path)
+  return _assemble(get, cfg, path, embed="model.embed_tokens.weight",
+                   layer_names=_HF_LAYER_NAMES, layer_prefix="model.layers.{i}.",
+                   final_norm="model.norm.weight", lm_head="lm_head.weight")
+
+
+def _assemble(get, cfg: TransformerConfig, path: str, *, embed: str, layer_names,
+              layer_prefix: str, final_norm: str, lm_head: str) -> tuple[dict, TransformerConfig]:
+  """The params tree from a file format's tensor names (`get(name)` -> f32 array), checked
+  against `cfg`: the one assembly of Hugging Face and GGUF checkpoints."""
   params = {
-      "embed": get("model.embed_tokens.weight"),
-      "layers": _collect_layers(get, cfg, _HF_LAYER_NAMES, "model.layers.{i}."),
-      "final_norm": get("model.norm.weight"),
+      "embed": get(embed),
+      "layers": _collect_layers(get, cfg, layer_names, layer_prefix),
+      "final_norm": get(final_norm),
   }
   if not cfg.tie_embeddings:
-    params["lm_head"] = get("lm_head.weight")
+    params["lm_head"] = get(lm_head)
   check_params(params, cfg, path)
   return params, cfg
 
@@ -346,12 +355,6 @@ def load_gguf(path: str) -> tuple[dict, TransformerConfig]:
       w = unpermute_gguf_qk(w, cfg.n_kv_heads)
     return w
 
-  params = {
-      "embed": get("token_embd.weight"),
-      "layers": _collect_layers(get, cfg, _GGUF_LAYER_NAMES, "blk.{i}."),
-      "final_norm": get("output_norm.weight"),
-  }
-  if not cfg.tie_embeddings:
-    params["lm_head"] = get("output.weight")
-  check_params(params, cfg, path)
-  return params, cfg
+  return _assemble(get, cfg, path, embed="token_embd.weight", layer_names=_GGUF_LAYER_NAMES,
+                   layer_prefix="blk.{i}.", final_norm="output_norm.weight",
+                   lm_head="output.weight")
