@@ -21,6 +21,26 @@ from jaxrl_agents.rewards import learned as learned_rewards
 from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import single_turn
 
+# The experiments' config keys a resumed run may change, and the values that reproduce runs
+# made before a key existed (`harness.ResumeRules`; the harness adds its own, the schedule's).
+RESUME_RULES = harness.ResumeRules(
+    resumable=frozenset({
+        # A safety limit: it changes a result only for a reply whose reward stalls.
+        "reward_time_limit_s",
+        # When programs compile, not what they compute.
+        "pack_compile_ahead",
+        # Decoding's row count as replies finish: the same replies up to float rounding.
+        "compact_min_rows"}),
+    backward_defaults={
+        "prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
+        "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0, "potential_shaping": False,
+        "env_answer_tokens": 32, "generation.answer_swaps": 0, "layout": "list",
+        "remat": "none", "overlap": False, "off_policy.correction": "none",
+        "off_policy.cap": 2.0, "pack_replies": False, "pack_below": 1.0,
+        "optimizer.decay_over": 1.0, "drop_tied_groups": False,
+        "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
+        "ema_decay": 0.0, "resample_rounds": 0})
+
 
 def setup_logging() -> None:
   """INFO logs on stderr (stdout stays free for results); quiet third-party loggers."""

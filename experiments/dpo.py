@@ -247,7 +247,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                      train_step=trainer.train_step,
                      evaluate=trainer.evaluate, data=trainer.data,
                      nonfinite_count=trainer.nonfinite_count, postfix=("loss",),
-                     progress=progress)
+                     progress=progress, resume_rules=common.RESUME_RULES)
 
 
 if __name__ == "__main__":

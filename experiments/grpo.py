@@ -903,10 +903,10 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                        initial_params=model.params, policy_params=lambda state: state.params,
                        update_step=update_step, evaluate=run_eval,
                        nonfinite_count=optim_lib.nonfinite_count, progress=progress,
-                       **rl_loop.LOGGED)
+                       resume_rules=common.RESUME_RULES, **rl_loop.LOGGED)
   return harness.run(config, workdir, init_state=init_state, train_step=train_step,
                      evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
-                     progress=progress, **rl_loop.LOGGED)
+                     progress=progress, resume_rules=common.RESUME_RULES, **rl_loop.LOGGED)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,8 @@ def train(config, workdir: str, progress: bool = True) -> dict[str, Any]:
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step, evaluate=trainer.evaluate,
                      data=trainer.data, nonfinite_count=trainer.nonfinite_count,
-                     postfix=("loss", "step_accuracy"), finite_keys=(), progress=progress)
+                     postfix=("loss", "step_accuracy"), finite_keys=(), progress=progress,
+                     resume_rules=common.RESUME_RULES)
 
 
 if __name__ == "__main__":

@@ -161,7 +161,8 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step, evaluate=trainer.evaluate,
                      data=trainer.data, nonfinite_count=trainer.nonfinite_count,
-                     postfix=("round_sample_accuracy", "loss"), progress=progress)
+                     postfix=("round_sample_accuracy", "loss"), progress=progress,
+                     resume_rules=common.RESUME_RULES)
 
 
 if __name__ == "__main__":

@@ -246,7 +246,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                      train_step=trainer.train_step,
                      evaluate=trainer.evaluate, data=trainer.data,
                      nonfinite_count=trainer.nonfinite_count, postfix=("loss", "accuracy"),
-                     finite_keys=(), progress=progress)
+                     finite_keys=(), progress=progress, resume_rules=common.RESUME_RULES)
 
 
 if __name__ == "__main__":

@@ -217,7 +217,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   return harness.run(config, workdir, init_state=trainer.init_state,
                      train_step=trainer.train_step, evaluate=evaluate, data=trainer.data,
                      nonfinite_count=trainer.nonfinite_count, postfix=("loss",),
-                     progress=progress)
+                     progress=progress, resume_rules=common.RESUME_RULES)
 
 
 if __name__ == "__main__":

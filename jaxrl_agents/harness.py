@@ -115,33 +115,33 @@ class StepResult(NamedTuple):
   samples: list[dict]
 
 
-# Keys that may change when a run resumes: they decide what is logged and
-# saved, or how long the run goes on, not what it computes.
-RESUMABLE_CHANGES = frozenset({
+class ResumeRules(NamedTuple):
+  """Which config changes a resumed run accepts (`check_resumable`).
+
+  resumable: flat keys ("mesh.data") that may change on resume: they decide what is logged
+    and saved, or how long the run goes on, not what it computes.
+  backward_defaults: keys added to the configs after runs existed, with the value that
+    reproduces those runs: a checkpoint whose config lacks one resumes under that value.
+
+  The harness has its own (`RUN_RULES`, the keys it reads); a trainer passes its
+  experiment's to `run`, and the two are merged.
+  """
+  resumable: frozenset = frozenset()
+  backward_defaults: Mapping[str, Any] = {}
+
+  def merged(self, other: ResumeRules) -> ResumeRules:
+    return ResumeRules(self.resumable | other.resumable,
+                       {**self.backward_defaults, **other.backward_defaults})
+
+
+# The run schedule and the mesh: what the harness itself reads.
+RUN_RULES = ResumeRules(resumable=frozenset({
     "steps", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
     "keep_checkpoints", "sample_every", "samples_per_log", "tensorboard",
     "max_consecutive_nonfinite", "time_budget_s", "eval_every_s", "start_over",
     # The device mesh: a run may resume on more or fewer devices (the numbers then
     # differ by float summation order only).
-    "mesh.data", "mesh.fsdp", "mesh.tensor",
-    # A safety limit: it changes a result only for a reply whose reward stalls.
-    "reward_time_limit_s",
-    # When programs compile, not what they compute.
-    "pack_compile_ahead",
-    # Decoding's row count as replies finish: the same replies up to float rounding.
-    "compact_min_rows"})
-
-# Keys added to the configs after runs existed, and the value that reproduces
-# those runs: a checkpoint whose config lacks one resumes under that value.
-BACKWARD_DEFAULTS = {"prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
-                     "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0,
-                     "potential_shaping": False, "env_answer_tokens": 32,
-                     "generation.answer_swaps": 0, "layout": "list", "remat": "none",
-                     "overlap": False, "off_policy.correction": "none", "off_policy.cap": 2.0,
-                     "pack_replies": False, "pack_below": 1.0, "optimizer.decay_over": 1.0,
-                     "drop_tied_groups": False, "skip_zero_advantage_rows": False,
-                     "pack_compile_ahead": 0, "compact_min_rows": 0, "ema_decay": 0.0,
-                     "resample_rounds": 0, "imports": []}
+    "mesh.data", "mesh.fsdp", "mesh.tensor"}), backward_defaults={"imports": []})
 
 # What a run writes at the top of its workdir (what `start_over` moves aside).
 RUN_FILES = ("checkpoints", metrics_lib.METRICS_FILE, metrics_lib.SAMPLES_FILE, "tensorboard",
@@ -163,16 +163,18 @@ def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def check_resumable(saved: Mapping, current: Mapping, workdir: str) -> None:
-  """Fails when the workdir's checkpoint was written under a config that computes differently.
+def check_resumable(saved: Mapping, current: Mapping, workdir: str,
+                    rules: ResumeRules = RUN_RULES) -> None:
+  """Fails when the workdir's checkpoint was written under a config that computes differently
+  (by `rules`: the harness's and the experiment's, merged by `run`).
 
   A resumed run must continue the run it resumes; to run a changed experiment,
   use a new workdir.
   """
-  old, new = ({**BACKWARD_DEFAULTS, **_flat(d)} for d in (saved, current))
+  old, new = ({**rules.backward_defaults, **_flat(d)} for d in (saved, current))
   changed = sorted(k for k in old.keys() | new.keys()
                    if old.get(k, "<unset>") != new.get(k, "<unset>")
-                   and k not in RESUMABLE_CHANGES)
+                   and k not in rules.resumable)
   if changed:
     details = "; ".join(f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}"
                         for k in changed[:8])
@@ -234,7 +236,8 @@ def validate_run_keys(config) -> None:
                      f"skipped in a row before the run stops), got {limit!r}")
 
 
-def _start_over(config, workdir: str, ckpt: checkpointing.Checkpointer) -> bool:
+def _start_over(config, workdir: str, ckpt: checkpointing.Checkpointer,
+                rules: ResumeRules) -> bool:
   """Moves the previous run aside for config.start_over; False when this run already did.
 
   A run started over writes start_over=True into its checkpoints, so the same
@@ -245,7 +248,7 @@ def _start_over(config, workdir: str, ckpt: checkpointing.Checkpointer) -> bool:
   if saved is not None:
     saved_config = saved[1].get("config", {})
     try:
-      check_resumable(saved_config, config_to_dict(config), workdir)
+      check_resumable(saved_config, config_to_dict(config), workdir, rules)
       relaunch = bool(saved_config.get("start_over"))
     except ValueError:
       relaunch = False
@@ -260,7 +263,7 @@ def _start_over(config, workdir: str, ckpt: checkpointing.Checkpointer) -> bool:
   return True
 
 
-def _logs_without_checkpoint(config, workdir: str) -> None:
+def _logs_without_checkpoint(config, workdir: str, rules: ResumeRules) -> None:
   """Logs but no checkpoint: a rerun of the same config moves them aside, anything else stops.
 
   A run stopped before its first checkpoint left them; rerunning the same
@@ -273,7 +276,7 @@ def _logs_without_checkpoint(config, workdir: str) -> None:
                             f"({', '.join(os.path.basename(p) for p in aside[:4])})")
   try:
     with open(os.path.join(workdir, "config.json")) as f:
-      check_resumable(json.load(f), config_to_dict(config), workdir)
+      check_resumable(json.load(f), config_to_dict(config), workdir, rules)
   except (OSError, ValueError) as e:
     raise _unresumable_logs(workdir, f"it left no checkpoint, and {e}") from None
   dest = workdir_lib.move_aside(workdir, [n for n in RUN_FILES if n != "checkpoints"])
@@ -407,7 +410,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
         evaluate: Callable[[Any], tuple[dict, list[dict]]] | None, data,
         nonfinite_count: Callable[[Any], tuple[int, int]] | None = None,
         postfix: Sequence[str] = (), finite_keys: Sequence[str] = (),
-        progress: bool = True, on_exit: Callable[[], None] | None = None) -> dict:
+        progress: bool = True, on_exit: Callable[[], None] | None = None,
+        resume_rules: ResumeRules | None = None) -> dict:
   """Trains for config.steps steps in `workdir`, resuming from its latest checkpoint.
 
   Args:
@@ -428,22 +432,25 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     progress: show a tqdm progress bar on stderr.
     on_exit: called when the loop ends, however it ends, while the workdir is still
       locked: where a trainer stops its background work.
+    resume_rules: the experiment's config keys that may change on resume, and the values
+      of keys older runs lack (`ResumeRules`), beside the harness's own (`RUN_RULES`).
 
   Returns:
     The last eval record ({} when evaluation is off).
   """
   validate_run_keys(config)
+  rules = RUN_RULES.merged(resume_rules or ResumeRules())
   # With several processes (`distributed`), the first holds the lock and writes the logs;
   # all of them run the same steps and write the checkpoints together.
   main = distributed.is_main()
   with workdir_lib.WorkdirLock(workdir) if main else contextlib.nullcontext():
-    ckpt = _start_over_if_asked(config, workdir)
+    ckpt = _start_over_if_asked(config, workdir, rules)
     try:
       saved = ckpt.latest_meta()
       if saved is not None:
-        check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir)
+        check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir, rules)
       elif not ckpt.steps() and _has_logs(workdir) and main:
-        _logs_without_checkpoint(config, workdir)
+        _logs_without_checkpoint(config, workdir, rules)
       distributed.barrier("workdir checked")
       r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count)
       mesh = sharding.for_config(config)  # the state lives sharded by the rules on it
@@ -464,13 +471,14 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
   return r.last_eval
 
 
-def _start_over_if_asked(config, workdir: str) -> checkpointing.Checkpointer:
+def _start_over_if_asked(config, workdir: str, rules: ResumeRules
+                         ) -> checkpointing.Checkpointer:
   """The run's Checkpointer, after moving the previous run aside for config.start_over
   (the first process moves; the others wait for it)."""
   ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
   if not config.get("start_over", False):
     return ckpt
-  moved = _start_over(config, workdir, ckpt) if distributed.is_main() else True
+  moved = _start_over(config, workdir, ckpt, rules) if distributed.is_main() else True
   distributed.barrier("start_over")
   if moved:
     ckpt.close()  # its directory moved: open a fresh one

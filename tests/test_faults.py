@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from test_harness import Batches, _config, _records, _train
 
+from experiments import common
 from jaxrl_agents import checkpointing, harness, workdir
 
 # ----------------------------------------------------------------------------
@@ -457,23 +458,28 @@ def test_the_end_of_a_run_is_evaluated_with_timed_evaluations_only(tmp_path):
 
 
 def test_a_checkpoint_from_before_a_config_key_existed_still_resumes():
+  rules = harness.RUN_RULES.merged(common.RESUME_RULES)  # what `harness.run` checks with
   saved = {"steps": 5, "lr": 0.1}
   harness.check_resumable(saved, {**saved, "prompt_overflow": "error", "env": "",
-                                  "reward_time_limit_s": 10.0}, "w")
+                                  "reward_time_limit_s": 10.0, "imports": []}, "w", rules)
   with pytest.raises(ValueError, match="prompt_overflow"):
-    harness.check_resumable(saved, {**saved, "prompt_overflow": "truncate"}, "w")
+    harness.check_resumable(saved, {**saved, "prompt_overflow": "truncate"}, "w", rules)
+  # The harness alone knows none of the experiments' keys: they are the experiment's rules.
+  with pytest.raises(ValueError, match="prompt_overflow"):
+    harness.check_resumable(saved, {**saved, "prompt_overflow": "error"}, "w")
   # The decay spanned the whole clock before `decay_over` existed.
   saved = {"optimizer": {"decay": "cosine", "end_fraction": 0.0}}
-  harness.check_resumable(saved, {"optimizer": {**saved["optimizer"], "decay_over": 1.0}}, "w")
+  harness.check_resumable(saved, {"optimizer": {**saved["optimizer"], "decay_over": 1.0}}, "w",
+                          rules)
   with pytest.raises(ValueError, match="optimizer.decay_over"):
     harness.check_resumable(saved, {"optimizer": {**saved["optimizer"], "decay_over": 0.5}},
-                            "w")
+                            "w", rules)
 
 
 def test_every_config_key_added_since_the_record_has_a_backward_default():
   """A key added to a shipped config after tests/golden/config_keys.json was recorded is
-  missing from the runs made before it: without a `harness.BACKWARD_DEFAULTS` entry they
-  could not resume."""
+  missing from the runs made before it: without a backward default (`common.RESUME_RULES`,
+  or the harness's own `RUN_RULES`) they could not resume."""
   spec = importlib.util.spec_from_file_location(
       "make_config_keys", os.path.join(os.path.dirname(__file__), "golden",
                                        "make_config_keys.py"))
@@ -486,10 +492,10 @@ def test_every_config_key_added_since_the_record_has_a_backward_default():
   unrecorded = sorted(set(names) - set(record))
   assert not unrecorded, f"record the new configs {unrecorded}: python {make.__file__}"
   missing = {name: sorted(set(make.flat_keys(name)) - set(record[name])
-                          - set(harness.BACKWARD_DEFAULTS))
+                          - set(harness.RUN_RULES.merged(common.RESUME_RULES).backward_defaults))
              for name in names}
   missing = {name: keys for name, keys in missing.items() if keys}
-  assert not missing, (f"config keys added without an entry in harness.BACKWARD_DEFAULTS "
+  assert not missing, (f"config keys added without an entry in common.RESUME_RULES "
                        f"(the value runs made before them computed with): {missing}")
 
 

@@ -6,8 +6,8 @@ config_keys.json maps each config (module, or module:variant) to its flattened
 keys as they were when the record was made. Runs written since then hold those
 keys in their config.json; a key added to a config later is missing from them,
 and `harness.check_resumable` would refuse to resume such a run unless the key
-has an entry in `harness.BACKWARD_DEFAULTS` (the value that computes as the run
-did). The test fails on a new key without one.
+has a backward default in `experiments.common.RESUME_RULES` (the value that
+computes as the run did). The test fails on a new key without one.
 
 Run this only to add configs that are not in the record yet: entries already
 there are kept as they are (rewriting them would hide the keys added since).
