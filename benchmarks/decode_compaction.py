@@ -45,10 +45,10 @@ def main() -> None:
   import numpy as np
 
   from experiments.configs import grpo_race
-  from jaxrl_agents import checkpointing, rl_loop
   from jaxrl_agents.data import tasks
   from jaxrl_agents.models import zoo
   from jaxrl_agents.rollout import single_turn
+  from jaxrl_agents.train import checkpointing
 
   machine = cpu_info.describe()
   print(f"CPU: {machine}", flush=True)
@@ -60,7 +60,7 @@ def main() -> None:
     source = f"{args.workdir} step {step}"
   print(f"policy: {source}", flush=True)
   questions = tasks.load_task(config.task, "train")
-  race = rl_loop.sampling_from_config(config, model.tokenizer)  # the race config compacts
+  race = single_turn.sampling_from_config(config, model.tokenizer)  # the race config compacts
   off = dataclasses.replace(race, compact_min_rows=0)
   on = dataclasses.replace(race, compact_min_rows=args.min_rows)
   settings = {"whole batch": off, f"compacted to {args.min_rows}": on}

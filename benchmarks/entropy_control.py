@@ -126,7 +126,7 @@ def run_all(out: str, jobs: list[tuple[str, int]], parallel: int) -> None:
 
 
 def summarize_run(workdir: str) -> dict:
-  from jaxrl_agents import analysis
+  from jaxrl_agents.tools import analysis
 
   run = analysis.load_run(workdir)
   acc = run.eval["accuracy"] if "accuracy" in run.eval else None
@@ -160,7 +160,7 @@ def plot(out: str, runs: dict[str, str], rows: dict[str, dict]) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from jaxrl_agents import analysis
+  from jaxrl_agents.tools import analysis
 
   fig, (ax_h, ax_a) = plt.subplots(1, 2, figsize=(14, 4.8))
   variants = list(dict.fromkeys(r["variant"] for r in rows.values()))

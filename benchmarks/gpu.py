@@ -87,11 +87,11 @@ from sampler import bench_interleaved, hf_runner, load_hf, make_questions  # noq
 from sampler import ours_runner as ours_sampler_runner  # noqa: E402
 
 import cpu_info  # noqa: E402
-from jaxrl_agents import losses  # noqa: E402
-from jaxrl_agents import optim as optim_lib  # noqa: E402
 from jaxrl_agents.models import tokenizer as tokenizer_lib  # noqa: E402
 from jaxrl_agents.models import transformer, zoo  # noqa: E402
+from jaxrl_agents.objectives import losses  # noqa: E402
 from jaxrl_agents.rollout import scoring  # noqa: E402
+from jaxrl_agents.train import optim as optim_lib  # noqa: E402
 
 NEW_TOKENS = 64
 HF_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",

@@ -62,7 +62,7 @@ def run_ours(workdir: str, steps: int, cache: str) -> dict:
   start = time.perf_counter()
   subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   wall = time.perf_counter() - start
-  from jaxrl_agents import metrics as metrics_lib
+  from jaxrl_agents.train import metrics as metrics_lib
 
   records = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   train = [r for r in records if r["kind"] == "train"]
@@ -73,9 +73,9 @@ def run_ours(workdir: str, steps: int, cache: str) -> dict:
 
 def tunix_batches(workdir: str, steps: int) -> list[dict]:
   """The prompts the project's run sampled, step by step, chat-templated for tunix."""
-  from jaxrl_agents import metrics as metrics_lib
   from jaxrl_agents.models import tokenizer as tokenizer_lib
   from jaxrl_agents.models import zoo
+  from jaxrl_agents.train import metrics as metrics_lib
 
   tok = zoo.load("smollm2-135m-instruct").tokenizer
   samples = [s for s in metrics_lib.read_jsonl(os.path.join(workdir, "samples.jsonl"))

@@ -143,7 +143,7 @@ def cross_check(paths, out) -> dict:
   """The project's final policy exported to Hugging Face and graded with transformers:
   {"accuracy", "correct" (each question's 0/1 verdict), "sample"}."""
   hf_dir = os.path.join(out, "ours_hf")
-  run([sys.executable, "-m", "jaxrl_agents.export", "--workdir", os.path.join(out, "ours"),
+  run([sys.executable, "-m", "jaxrl_agents.tools.export", "--workdir", os.path.join(out, "ours"),
        "--out", hf_dir, "--overwrite"],  # a rerun re-exports over the last one
       os.path.join(out, "export.log"))
   proc = subprocess.run([TRL_PYTHON, os.path.join(HERE, "race_trl.py"), "grade", "--model",

@@ -6,7 +6,7 @@
 Runs experiments/configs/grpo_arithmetic.py (SmolLM2-135M-Instruct, 4 prompts x
 8, at most 32 new tokens, float32) for --steps steps twice from the same seed,
 one after the other: `overlap=False`, then `overlap=True` (step t+1's rollout
-sampled during step t's update; jaxrl_agents/overlap.py). Evaluation is off
+sampled during step t's update; jaxrl_agents/train/overlap.py). Evaluation is off
 and the persistent compilation cache is shared, so both sides compile about
 the same (the second side's cache hits are not free on XLA:CPU). Reported per
 side: the median step time over steps 3 to --steps (the first two compile),
@@ -39,7 +39,7 @@ def run(workdir: str, steps: int, overlap: bool, cache: str) -> dict:
          f"--config.checkpoint_every={10 * steps}", "--config.tensorboard=False",
          f"--config.overlap={overlap}"]
   subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  from jaxrl_agents import metrics as metrics_lib
+  from jaxrl_agents.train import metrics as metrics_lib
 
   train = [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
            if r["kind"] == "train"][2:]

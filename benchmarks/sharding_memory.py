@@ -26,8 +26,8 @@ import math
 
 import jax
 
-from jaxrl_agents import sharding
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.parallel import sharding
 
 GIB = 2 ** 30
 

@@ -29,7 +29,7 @@ against the f32 and bf16 (f32-accumulated) matmul throughput measured with
 JAX in the same run.
 
 The project's side keeps freed host memory for reuse, as the SFT experiment does
-by default (`jaxrl_agents.host_memory`: one glibc arena, no mmap, no trimming);
+by default (`jaxrl_agents.train.host_memory`: one glibc arena, no mmap, no trimming);
 the baselines run with glibc's defaults, as their users get them, unless
 `--baselines-retain-freed-memory` starts their workers with the same settings
 (they gain from them too: quote both comparisons).
@@ -53,9 +53,9 @@ from sampler import TunixProcess, WorkerProcess, machine_limits, timed
 
 import cpu_info
 from experiments import sft
-from jaxrl_agents import host_memory
-from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.train import host_memory
+from jaxrl_agents.train import optim as optim_lib
 
 BATCH, SEQ = 8, 256
 
@@ -148,7 +148,7 @@ def main():
   p.add_argument("--skip-torch", action="store_true")
   p.add_argument("--baselines-retain-freed-memory", action="store_true",
                  help="start torch's and tunix's workers with the glibc malloc settings "
-                      "this project sets for itself (jaxrl_agents.host_memory)")
+                      "this project sets for itself (jaxrl_agents.train.host_memory)")
   args = p.parse_args()
   dtypes = args.dtypes.split(",")
   retained = host_memory.retain_freed_memory()  # as SFT does; before XLA's threads start

@@ -27,7 +27,7 @@ import numpy as np
 import cpu_info
 from experiments import grpo
 from experiments.configs import grpo_guess_number
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 def run(credit: str, seed: int, steps: int) -> dict:

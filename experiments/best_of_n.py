@@ -27,8 +27,10 @@ import jax
 import numpy as np
 
 from experiments import common, preference_data
-from jaxrl_agents import best_of_n, checkpointing, registry
 from jaxrl_agents import data as data_lib
+from jaxrl_agents import registry
+from jaxrl_agents.rewards import best_of_n
+from jaxrl_agents.train import checkpointing
 
 
 def validate(config) -> None:

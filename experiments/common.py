@@ -12,14 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import distributed, harness, overlap, registry, rl_loop, sharding
-from jaxrl_agents import host_memory as host_memory_lib
-from jaxrl_agents import optim as optim_lib
+from jaxrl_agents import registry
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rewards import learned as learned_rewards
 from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.train import harness, overlap
+from jaxrl_agents.train import host_memory as host_memory_lib
+from jaxrl_agents.train import optim as optim_lib
 
 # The experiments' config keys a resumed run may change, and the values that reproduce runs
 # made before a key existed (`harness.ResumeRules`; the harness adds its own, the schedule's).
@@ -301,14 +303,14 @@ def check_prompt_lengths(config, model: zoo.Model, examples, path: str) -> int:
 
 def episodes(config, model: zoo.Model):
   """(collect, evaluate, data) of the episodes the config names: an environment's
-  (`env_loop.make`), or a task's prompts with their rewards (`rl_loop.single_turn_collector`).
+  (`env_loop.make`), or a task's prompts with their rewards (`single_turn.single_turn_collector`).
 
-  collect(params, examples, rng) -> (rl_loop.Rollout, extra scalars); evaluate(params) ->
+  collect(params, examples, rng) -> (types.Rollout, extra scalars); evaluate(params) ->
   (record, samples), or None; data: the loader whose batches `collect` takes (its position
   is checkpointed).
   """
   if config.get("env"):
-    from jaxrl_agents import env_loop
+    from jaxrl_agents.rollout import env_loop
 
     collect, evaluate, data = env_loop.make(config, model)
     return collect, evaluate if config.eval_size else None, data
@@ -322,7 +324,7 @@ def episodes(config, model: zoo.Model):
   reward_fn, grader = make_rewards(config)
   # With several processes each scores its share of the rows (one process: unchanged).
   reward_fn, grader = distributed.split_rows(reward_fn), distributed.split_rows(grader)
-  collect, evaluate = rl_loop.single_turn_collector(config, model, reward_fn=reward_fn,
+  collect, evaluate = single_turn.single_turn_collector(config, model, reward_fn=reward_fn,
                                                     grader=grader, eval_examples=eval_examples)
   return collect, evaluate, loader
 
@@ -355,7 +357,7 @@ def main(train_fn, host_memory: str = "system") -> None:
   """The command line of an experiment script: `--config=FILE[:VARIANT] --workdir=DIR`.
 
   `host_memory` is the `--host_memory` flag's default: "retain" for an experiment whose
-  update has large temporaries (jaxrl_agents/host_memory.py says when that pays).
+  update has large temporaries (jaxrl_agents/train/host_memory.py says when that pays).
 
   Flags are defined here, at run time, not at import: the experiment modules
   can then be imported together (tests, notebooks) without duplicate flags.
@@ -396,7 +398,7 @@ def main(train_fn, host_memory: str = "system") -> None:
 
 
 def _validate_off_policy(config) -> None:
-  """The overlap's and the off-policy correction's limits (jaxrl_agents/overlap.py)."""
+  """The overlap's and the off-policy correction's limits (jaxrl_agents/train/overlap.py)."""
   if config.get("overlap", False):
     overlap.check_supported(config, sharding.for_config(config))
   correction = config.get("off_policy", None)

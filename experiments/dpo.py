@@ -14,7 +14,7 @@ and the frozen initial policy (the reference), and minimizes the loss named by
   cpl   -log sigmoid(alpha * (S(chosen) - S(rejected))), S a discounted sum of the
         policy's log-probs (no reference)
 
-(`jaxrl_agents.losses.preference` has the equations and the papers.) A reply's
+(`jaxrl_agents.objectives.losses.preference` has the equations and the papers.) A reply's
 log-probability sums its tokens and its closing token, given the prompt
 through the chat template.
 
@@ -37,13 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common, preference_data
-from jaxrl_agents import distributed, harness, losses, sharding
-from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
-from jaxrl_agents.losses import preference as preference_lib
 from jaxrl_agents.models import reward_model as rm_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.objectives import losses
+from jaxrl_agents.objectives.losses import preference as preference_lib
+from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rollout import scoring, shapes
+from jaxrl_agents.train import harness
+from jaxrl_agents.train import optim as optim_lib
 
 LOSSES = ("dpo", "ipo", "rpo", "cpl")
 _LOSS_FNS = {"dpo": losses.dpo_loss, "ipo": losses.ipo_loss, "rpo": losses.rpo_loss,

@@ -33,24 +33,17 @@ import numpy as np
 import optax
 
 from experiments import common, reward_beside
-from jaxrl_agents import (
-    credit,
-    distributed,
-    harness,
-    overlap,
-    precompile,
-    registry,
-    rl_loop,
-    sharding,
-    types,
-)
-from jaxrl_agents import objective as objective_lib
-from jaxrl_agents import optim as optim_lib
-from jaxrl_agents.losses import aggregation as aggregation_lib
-from jaxrl_agents.losses import kl as kl_lib
-from jaxrl_agents.losses import kl_control
+from jaxrl_agents import registry, types
 from jaxrl_agents.models import lm
-from jaxrl_agents.rollout import scoring, self_play, shapes, single_turn
+from jaxrl_agents.objectives import credit
+from jaxrl_agents.objectives import policy_objective as objective_lib
+from jaxrl_agents.objectives.losses import aggregation as aggregation_lib
+from jaxrl_agents.objectives.losses import kl as kl_lib
+from jaxrl_agents.objectives.losses import kl_control
+from jaxrl_agents.parallel import distributed, sharding
+from jaxrl_agents.rollout import groups, records, scoring, self_play, shapes, single_turn
+from jaxrl_agents.train import harness, overlap, precompile
+from jaxrl_agents.train import optim as optim_lib
 
 log = logging.getLogger(__name__)
 
@@ -294,13 +287,13 @@ def _turn_credit_settings(config) -> dict:
               step_weight=float(tc.step_weight))
 
 
-def group_advantages(s: GRPOSettings, r: rl_loop.Rollout
+def group_advantages(s: GRPOSettings, r: types.Rollout
                      ) -> tuple[types.Trajectory, jax.Array, np.ndarray]:
   """The kept groups' rows, their f32[B] advantages (a registered estimator) and verdicts."""
   g = s.group_size
   totals = np.asarray(r.rewards).reshape(-1, g)
-  kept = rl_loop.kept_groups(totals, s.prompts_per_step)
-  rows = rl_loop.group_rows(kept, g)
+  kept = groups.kept_groups(totals, s.prompts_per_step)
+  rows = groups.group_rows(kept, g)
   traj = r.traj if len(kept) == totals.shape[0] else jax.tree.map(lambda x: x[rows], r.traj)
   kwargs = dict(s.advantage_kwargs)
   if s.component_advantage:
@@ -325,7 +318,7 @@ def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size:
                         ) -> types.Trajectory:
   """`traj` with no policy tokens in the groups whose rewards tie.
 
-  Ties are read from the rewards (`rl_loop.tied_groups`, the rule `rl_loop.kept_groups`
+  Ties are read from the rewards (`groups.tied_groups`, the rule `groups.kept_groups`
   and the estimators use: all rewards equal). Such a group adds no policy
   gradient (its advantages are exactly 0), but its
   tokens count in a token mean's denominator: with 1 group of 4 that varies,
@@ -344,7 +337,7 @@ def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size:
   if rewards.shape != (traj.tokens.shape[0] // group_size, group_size):
     raise ValueError(f"rewards {rewards.shape} are not one row of {group_size} per group of "
                      f"the {traj.tokens.shape[0]} trajectory rows")
-  varied = np.repeat(~rl_loop.tied_groups(rewards), group_size)
+  varied = np.repeat(~groups.tied_groups(rewards), group_size)
   return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
 
 
@@ -421,7 +414,7 @@ def _role_update(s: GRPOSettings):
   return jax.jit(role_baseline(s).update)
 
 
-def role_advantages(s: GRPOSettings, r: rl_loop.Rollout, baseline: credit.RoleBaselineState
+def role_advantages(s: GRPOSettings, r: types.Rollout, baseline: credit.RoleBaselineState
                     ) -> tuple[jax.Array, credit.RoleBaselineState]:
   """Self-play's f32[B] advantages (ROLE_ADVANTAGE) and the baselines after these returns.
 
@@ -567,8 +560,8 @@ class GRPO:
                      ema_params=(jax.tree.map(jnp.copy, params) if self.settings.ema_decay
                                  else None))
 
-  def score_rollout(self, state, r: rl_loop.Rollout, rng
-                    ) -> tuple[rl_loop.Rollout, dict[str, float]]:
+  def score_rollout(self, state, r: types.Rollout, rng
+                    ) -> tuple[types.Rollout, dict[str, float]]:
     """The rollout with the train state's reward model's scores added to its rewards, and
     what this step's pairs say of that model (nothing without config.reward_model_beside)."""
     if self.beside is None:
@@ -580,7 +573,7 @@ class GRPO:
     pairs = self.beside.pairs(r.completions, r.correct, _seed(rng))
     return r, reward_beside.fresh_metrics(scores, pairs)
 
-  def prepare(self, state, r: rl_loop.Rollout, rng) -> GRPOBatch:
+  def prepare(self, state, r: types.Rollout, rng) -> GRPOBatch:
     s = self.settings
     reward_pairs = None
     if self.beside is not None:  # the pairs score_rollout measured, drawn with the same seed
@@ -854,13 +847,13 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   grpo = GRPO(config, model.cfg)
   collect, evaluate, data = common.episodes(config, model)
   mesh = sharding.for_config(config)
-  watch = rl_loop.NoSignalWatch()  # warns when every group ties step after step
+  watch = records.NoSignalWatch()  # warns when every group ties step after step
 
   def init_state():
     return grpo.init_state(model.params,
                            jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
 
-  def update_step(state, r: rl_loop.Rollout, extra, prepare_rng, update_rng, progress_fraction,
+  def update_step(state, r: types.Rollout, extra, prepare_rng, update_rng, progress_fraction,
                   rollout_s: float, wait_s: float | None = None) -> harness.StepResult:
     t0 = time.perf_counter()
     rows = r.traj.tokens.shape[0]  # rows split over the mesh's data x fsdp devices
@@ -869,13 +862,13 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     batch = sharding.shard_batch(grpo.prepare(state, r, prepare_rng), mesh, rows=rows)
     state, metrics = grpo.update(state, batch, update_rng, progress_fraction)
     metrics = jax.device_get(metrics)
-    record = rl_loop.step_record(
+    record = records.step_record(
         r, {**extra, **scored}, metrics, group_size=config.group_size,
         policy_token_budget=objective_lib.policy_token_budget(config),
         epochs=config.get("epochs", 1),
         skipped_updates=optim_lib.nonfinite_count(state)[1], rollout_s=rollout_s,
         update_s=time.perf_counter() - t0, wait_s=wait_s)
-    return harness.StepResult(state, watch(record), rl_loop.rollout_samples(r))
+    return harness.StepResult(state, watch(record), records.rollout_samples(r))
 
   compile_ahead = getattr(collect, "likely_trajectory", None) if mesh is None else None
 
@@ -889,7 +882,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
       compile_ahead = None
     r, extra = collect(state.params, examples, rollout_rng)
     if config.get("resample_rounds", 0):  # DAPO's dynamic sampling: more prompts, few vary
-      r, extra = rl_loop.resample_until_varied(
+      r, extra = groups.resample_until_varied(
           collect, state.params, lambda: next(data), rollout_rng, r, extra,
           need=config.prompts_per_step, max_rounds=config.resample_rounds,
           group_size=config.group_size, max_new_tokens=config.max_new_tokens)
@@ -903,10 +896,10 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                        initial_params=model.params, policy_params=lambda state: state.params,
                        update_step=update_step, evaluate=run_eval,
                        nonfinite_count=optim_lib.nonfinite_count, progress=progress,
-                       resume_rules=common.RESUME_RULES, **rl_loop.LOGGED)
+                       resume_rules=common.RESUME_RULES, **records.LOGGED)
   return harness.run(config, workdir, init_state=init_state, train_step=train_step,
                      evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
-                     progress=progress, resume_rules=common.RESUME_RULES, **rl_loop.LOGGED)
+                     progress=progress, resume_rules=common.RESUME_RULES, **records.LOGGED)
 
 
 if __name__ == "__main__":

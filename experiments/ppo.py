@@ -16,7 +16,7 @@ Over an environment's multi-turn episodes (`config.env`) each turn's reward sits
 on its last token and `gae_level` picks the credit: "token" (GAE over the
 policy tokens, the environment's skipped), "turn" (GAE over turns, each token
 its turn's) or "bilevel" (turn-level, then token-level inside each turn;
-RAGEN's and VAGEN's); see `jaxrl_agents.credit`. Then
+RAGEN's and VAGEN's); see `jaxrl_agents.objectives.credit`. Then
 the update minimizes the policy objective (`objective.py`, shared with GRPO)
 plus `vf_coef` times the clipped value loss.
 
@@ -37,12 +37,15 @@ import jax.numpy as jnp
 import optax
 
 from experiments import common
-from jaxrl_agents import advantages as advantages_lib
-from jaxrl_agents import credit, harness, losses, registry, rl_loop, sharding, types
-from jaxrl_agents import objective as objective_lib
-from jaxrl_agents import optim as optim_lib
+from jaxrl_agents import registry, types
 from jaxrl_agents.models import heads, lm
-from jaxrl_agents.rollout import scoring
+from jaxrl_agents.objectives import advantages as advantages_lib
+from jaxrl_agents.objectives import credit, losses
+from jaxrl_agents.objectives import policy_objective as objective_lib
+from jaxrl_agents.parallel import sharding
+from jaxrl_agents.rollout import records, scoring
+from jaxrl_agents.train import harness
+from jaxrl_agents.train import optim as optim_lib
 
 CRITICS = ("shared", "separate")
 GAE_LEVELS = ("token", "turn", "bilevel")
@@ -207,7 +210,7 @@ class PPO:
     return PPOState(params=trainable, opt_state=self.tx.init(trainable), ref_params=ref,
                     updates=jnp.zeros((), jnp.int32))
 
-  def prepare(self, state, r: rl_loop.Rollout, rng) -> PPOBatch:
+  def prepare(self, state, r: types.Rollout, rng) -> PPOBatch:
     del rng
     traj = r.traj
     old_logp, old_values, _ = self._forward(state.params, traj)
@@ -278,7 +281,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   ppo = PPO(config, model.cfg)
   collect, evaluate, data = common.episodes(config, model)
   mesh = sharding.for_config(config)
-  watch = rl_loop.NoSignalWatch()  # warns when the gradient is zero step after step
+  watch = records.NoSignalWatch()  # warns when the gradient is zero step after step
 
   def init_state():
     return ppo.init_state(model.params, jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
@@ -293,17 +296,17 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     batch = sharding.shard_batch(ppo.prepare(state, r, prepare_rng), mesh, rows=rows)
     state, metrics = ppo.update(state, batch, update_rng, progress_fraction)
     metrics = jax.device_get(metrics)
-    record = rl_loop.step_record(
+    record = records.step_record(
         r, extra, metrics, group_size=config.group_size,
         policy_token_budget=objective_lib.policy_token_budget(config),
         epochs=config.get("epochs", 1), skipped_updates=optim_lib.nonfinite_count(state)[1],
         rollout_s=rollout_s, update_s=time.perf_counter() - t1)
-    return harness.StepResult(state, watch(record), rl_loop.rollout_samples(r))
+    return harness.StepResult(state, watch(record), records.rollout_samples(r))
 
   run_eval = None if evaluate is None else (lambda state: evaluate(state.params["policy"]))
   return harness.run(config, workdir, init_state=init_state, train_step=train_step,
                      evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
-                     progress=progress, resume_rules=common.RESUME_RULES, **rl_loop.LOGGED)
+                     progress=progress, resume_rules=common.RESUME_RULES, **records.LOGGED)
 
 
 if __name__ == "__main__":

@@ -43,11 +43,12 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from jaxrl_agents import distributed, registry
+from jaxrl_agents import registry
 from jaxrl_agents.data import arithmetic, preferences
 from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.parallel import distributed
 from jaxrl_agents.rewards import answers
 from jaxrl_agents.rollout import sampler as sampler_lib
 from jaxrl_agents.rollout import shapes, single_turn

@@ -39,13 +39,14 @@ import optax
 
 from experiments import common, preference_data, step_data
 from experiments import reward_model as rm_experiment
-from jaxrl_agents import best_of_n, harness, process_rewards, sharding
-from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader
 from jaxrl_agents.data import steps as steps_lib
 from jaxrl_agents.models import lm, zoo
 from jaxrl_agents.models import reward_model as rm_lib
-from jaxrl_agents.rewards import learned
+from jaxrl_agents.parallel import sharding
+from jaxrl_agents.rewards import best_of_n, learned, process_rewards
+from jaxrl_agents.train import harness
+from jaxrl_agents.train import optim as optim_lib
 
 
 class StepBatch(NamedTuple):

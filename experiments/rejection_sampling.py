@@ -26,8 +26,12 @@ import numpy as np
 
 from experiments import common, sft
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import distributed, harness, losses, registry, rl_loop
-from jaxrl_agents import optim as optim_lib
+from jaxrl_agents import registry
+from jaxrl_agents.objectives import losses
+from jaxrl_agents.parallel import distributed
+from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.train import harness
+from jaxrl_agents.train import optim as optim_lib
 
 
 class RSState(NamedTuple):
@@ -48,7 +52,7 @@ class RejectionSampling:
                                      seed=config.seed)
     # With several processes each scores its share of the rows (one process: unchanged).
     self.reward_fn, self.grader = map(distributed.split_rows, common.make_rewards(config))
-    self.sampling = rl_loop.sampling_from_config(config, model.tokenizer)
+    self.sampling = single_turn.sampling_from_config(config, model.tokenizer)
     self.rows = config.prompts_per_round * config.keep_top
     self._select = jax.jit(losses.raft_select, static_argnums=1)
 
@@ -65,7 +69,7 @@ class RejectionSampling:
     """Samples, scores and selects from the current policy; the kept rows become the buffer."""
     c, n = self.config, self.config.samples_per_prompt
     examples = next(self.data)
-    r = rl_loop.rollout(state.params, self.model, examples, rng, group_size=n,
+    r = single_turn.rollout(state.params, self.model, examples, rng, group_size=n,
                         sampling=self.sampling, template=c.prompt_template, chat=c.chat,
                         system=c.system_prompt or None, reward_fn=self.reward_fn,
                         grader=self.grader)

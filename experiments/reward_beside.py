@@ -48,10 +48,10 @@ import numpy as np
 
 from experiments import common, preference_data
 from experiments import reward_model as rm_trainer
-from jaxrl_agents import losses
-from jaxrl_agents import optim as optim_lib
+from jaxrl_agents.objectives import losses
 from jaxrl_agents.rewards import learned
 from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.train import optim as optim_lib
 
 LABELS = ("grader", "majority")
 NAME = "reward_model"  # the reward it trains: config.rewards' entry of this name

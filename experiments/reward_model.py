@@ -24,7 +24,7 @@ generated pairs, also the accuracy of the reward model's best-of-N pick and of
 its reward-weighted vote among each held-out question's N replies, beside the
 greedy reply's accuracy and pass@N (an oracle's pick).
 
-The run lives on the harness (`jaxrl_agents.harness`): workdir, checkpoints,
+The run lives on the harness (`jaxrl_agents.train.harness`): workdir, checkpoints,
 exact resume, metrics.jsonl, samples.jsonl, TensorBoard.
 """
 
@@ -39,12 +39,14 @@ import jax
 import jax.numpy as jnp
 
 from experiments import common, preference_data
-from jaxrl_agents import best_of_n, harness, losses, sharding
-from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.models import lm, zoo
 from jaxrl_agents.models import reward_model as rm_lib
-from jaxrl_agents.rewards import learned
+from jaxrl_agents.objectives import losses
+from jaxrl_agents.parallel import sharding
+from jaxrl_agents.rewards import best_of_n, learned
+from jaxrl_agents.train import harness
+from jaxrl_agents.train import optim as optim_lib
 
 
 class RMState(NamedTuple):

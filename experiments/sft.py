@@ -16,7 +16,7 @@ Evaluation: the held-out rows' per-token NLL (`eval_jsonl_path`) and, when
 SFT then RL is one command after another:
 
   python -m experiments.sft --config=... --workdir=runs/sft
-  python -m jaxrl_agents.export --workdir=runs/sft --out=runs/sft_hf
+  python -m jaxrl_agents.tools.export --workdir=runs/sft --out=runs/sft_hf
   python -m experiments.grpo --config=experiments/configs/grpo_arithmetic.py \
       --config.model=runs/sft_hf --workdir=runs/grpo_after_sft
 
@@ -37,12 +37,14 @@ import numpy as np
 
 from experiments import common
 from jaxrl_agents import data as data_lib
-from jaxrl_agents import harness, losses, rl_loop, sharding
-from jaxrl_agents import optim as optim_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import zoo
+from jaxrl_agents.objectives import losses
+from jaxrl_agents.parallel import sharding
 from jaxrl_agents.rollout import scoring, shapes, single_turn
+from jaxrl_agents.train import harness
+from jaxrl_agents.train import optim as optim_lib
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +99,10 @@ def init_state(model: zoo.Model, optimizer) -> SFTState:
 
 def held_out_accuracy(config, model: zoo.Model, params, eval_examples, rewards
                       ) -> tuple[dict, list]:
-  """Greedy accuracy (and rewards) on the task's held-out questions (`rl_loop.evaluate`);
+  """Greedy accuracy (and rewards) on the task's held-out questions (`single_turn.evaluate`);
   `rewards` is `common.make_rewards(config)`, made once per run."""
   reward_fn, grader = rewards
-  return rl_loop.evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
+  return single_turn.evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
                           max_new_tokens=config.max_new_tokens, template=config.prompt_template,
                           chat=config.chat, system=config.system_prompt or None,
                           reward_fn=reward_fn, grader=grader)

@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import preference_data
-from jaxrl_agents import process_rewards
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data import steps as steps_lib
 from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.rewards import process_rewards
 from jaxrl_agents.rollout import sampler as sampler_lib
 from jaxrl_agents.rollout import shapes, single_turn
 

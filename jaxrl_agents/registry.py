@@ -38,13 +38,13 @@ _REGISTRY: dict[str, dict[str, Any]] = {}
 # Modules whose import registers the entries of each kind.
 _PROVIDERS: dict[str, tuple[str, ...]] = {
     "model": ("jaxrl_agents.models.zoo",),
-    "group_advantage": ("jaxrl_agents.advantages",),
-    "component_advantage": ("jaxrl_agents.advantages",),
-    "token_advantage": ("jaxrl_agents.advantages",),
-    "kl": ("jaxrl_agents.losses",),
-    "policy_loss": ("jaxrl_agents.losses",),
-    "aggregation": ("jaxrl_agents.losses",),
-    "preference_loss": ("jaxrl_agents.losses",),
+    "group_advantage": ("jaxrl_agents.objectives.advantages",),
+    "component_advantage": ("jaxrl_agents.objectives.advantages",),
+    "token_advantage": ("jaxrl_agents.objectives.advantages",),
+    "kl": ("jaxrl_agents.objectives.losses",),
+    "policy_loss": ("jaxrl_agents.objectives.losses",),
+    "aggregation": ("jaxrl_agents.objectives.losses",),
+    "preference_loss": ("jaxrl_agents.objectives.losses",),
     "reward": ("jaxrl_agents.rewards",),
     "env": ("jaxrl_agents.envs",),
 }

@@ -13,14 +13,16 @@ columns (`prompt_width`, static).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrl_agents import distributed
+from jaxrl_agents.parallel import distributed
 
 # The Trajectory's fields with one entry per column, [B, T].
 COLUMN_FIELDS = ("tokens", "valid", "policy_mask", "turn_id", "sampling_logprobs")
@@ -192,3 +194,61 @@ def last_policy_token(policy_mask: jax.Array) -> jax.Array:
   columns = jnp.arange(t)[None, :]
   last = jnp.max(jnp.where(policy_mask, columns, -1), axis=1, keepdims=True)
   return policy_mask & (columns == last)
+
+
+# ----------------------------------------------------------------------------
+# What a train step's collector returns (the experiments' steps, rollout/).
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One batch of sampled episodes with their rewards (host and device arrays).
+
+  Attributes:
+    traj: the Trajectory (device arrays), B = P * G rows, prompt-major, its
+      outcome rewards set.
+    examples: the B task examples (each prompt's repeated G times).
+    prompts: the B prompt strings.
+    completions: the B decoded completions.
+    rewards: f32[B] total reward.
+    components: per-component f32[B] rewards.
+    correct: f32[B] the grader's verdict (accuracy).
+    prompts_truncated: prompts shortened to fit the context (config.prompt_overflow).
+    details: optional per-episode fields for samples.jsonl (a multi-turn episode's
+      turns, token ids and masks).
+    turn_keys: optional int32[B, K], the environment state each turn was taken
+      from (-1: none), for turn-level credit.
+    roles: optional int32[B], self-play: the player each row played (-1: nothing
+      to credit), for role-conditioned advantages.
+  """
+
+  traj: Trajectory
+  examples: list[Mapping[str, Any]]
+  prompts: list[str]
+  completions: list[str]
+  rewards: np.ndarray
+  components: dict[str, np.ndarray]
+  correct: np.ndarray
+  prompts_truncated: int = 0
+  details: list[dict] | None = None
+  turn_keys: np.ndarray | None = None
+  roles: np.ndarray | None = None
+
+
+class RewardFn(Protocol):
+  """Rewards of decoded completions: (total f32[B], {component name: f32[B]})."""
+
+  def __call__(self, completions: Sequence[str], examples: Sequence[Mapping]
+               ) -> tuple[np.ndarray, dict[str, np.ndarray]]: ...
+
+
+class Collect(Protocol):
+  """A train step's episodes: (params, the data's next batch, rng) -> (Rollout, extra scalars).
+
+  Optional attribute: likely_trajectory(examples) -> the Trajectory's most likely shapes
+  (`jax.ShapeDtypeStruct`s) before sampling, so an experiment can compile its first update
+  while the first rollout samples (experiments/grpo.py).
+  """
+
+  def __call__(self, params, examples: Any, rng: jax.Array
+               ) -> tuple[Rollout, dict[str, float]]: ...

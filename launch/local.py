@@ -6,7 +6,7 @@ r"""Run an experiment as several processes on this machine (`jax.distributed` ov
 
 Every process runs the same command; they meet at a coordinator on a free local
 port (`JAXRL_COORDINATOR`, `JAXRL_NUM_PROCESSES`, `JAXRL_PROCESS_ID`, read by
-`jaxrl_agents.distributed`) and form one mesh of processes x devices_per_process
+`jaxrl_agents.parallel.distributed`) and form one mesh of processes x devices_per_process
 CPU devices, exchanging collectives over gloo. This is how the multi-host code
 paths are tested without a cluster; it is not faster than one process.
 

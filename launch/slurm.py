@@ -15,7 +15,7 @@ With `--nodes=N` (N > 1) srun starts one process per node with
 `JAXRL_DISTRIBUTED=auto`: `jax.distributed` reads SLURM's variables for the
 coordinator (the first node), the process count and each process's id, and
 the processes form one mesh over every GPU of every node
-(`jaxrl_agents/distributed.py`); process 0 writes the logs, all of them the
+(`jaxrl_agents/parallel/distributed.py`); process 0 writes the logs, all of them the
 checkpoints (the workdir is on the shared filesystem).
 """
 

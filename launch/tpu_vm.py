@@ -18,7 +18,7 @@ experiment as one process over its local devices (`config.mesh`). On a
 multi-worker pod slice (v4-32, v5litepod-64, ...) every worker runs the same
 command with `JAXRL_DISTRIBUTED=auto`: `jax.distributed` finds the other workers
 from the TPU metadata and the processes form one mesh over every chip
-(`jaxrl_agents/distributed.py`). Their checkpoints are written by all workers
+(`jaxrl_agents/parallel/distributed.py`). Their checkpoints are written by all workers
 together, so the workdir must be on a filesystem every worker mounts (a
 Filestore NFS share or a gcsfuse bucket), not a worker's own disk.
 """

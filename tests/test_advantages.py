@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents import advantages as adv
-from jaxrl_agents import credit, registry, rl_loop
+from jaxrl_agents import registry
+from jaxrl_agents.objectives import advantages as adv
+from jaxrl_agents.objectives import credit
+from jaxrl_agents.rollout import groups
 
 R = jnp.array([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 
@@ -78,8 +80,8 @@ def test_tied_groups_get_exact_zeros_when_the_reward_is_not_representable():
   seven = np.full((2, 7), 0.2, np.float32)
   seven[1, 0] = 1.2
   assert seven[0].std() != 0  # the rule it replaced would miss this tie
-  np.testing.assert_array_equal(rl_loop.tied_groups(seven), [True, False])
-  assert not rl_loop.tied_groups(np.full((1, 8), np.inf, np.float32))[0]  # as no_spread
+  np.testing.assert_array_equal(groups.tied_groups(seven), [True, False])
+  assert not groups.tied_groups(np.full((1, 8), np.inf, np.float32))[0]  # as no_spread
   # A tied group beside one with spread: the tied one is 0, the other is untouched.
   mixed = jnp.array([[1.2] * 7 + [0.2], [0.2] * 8])
   a = adv.group_normalized_advantages(mixed, eps=0.0)

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jaxrl_agents import analysis, plots
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.tools import analysis, plots
+from jaxrl_agents.train import metrics as metrics_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,7 +89,7 @@ def test_plots_command_overlays_runs(tmp_path):
   a = _write_run(tmp_path / "a")
   b = _write_run(tmp_path / "b", reward=lambda s: 1 - s / 20)
   out = tmp_path / "png"
-  proc = subprocess.run([sys.executable, "-m", "jaxrl_agents.plots", a, b, "--out", str(out),
+  proc = subprocess.run([sys.executable, "-m", "jaxrl_agents.tools.plots", a, b, "--out", str(out),
                          "--x", "tokens"], cwd=REPO, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr
   written = proc.stdout.split()
@@ -146,13 +146,13 @@ def test_warnings_flag_a_run_without_learning_signal(tmp_path):
 
 
 def test_no_signal_watch_warns_once_per_streak(caplog):
-  from jaxrl_agents import rl_loop
-  watch = rl_loop.NoSignalWatch()
+  from jaxrl_agents.rollout import records
+  watch = records.NoSignalWatch()
   tied = {"zero_variance_groups": 1.0, "grad_norm": 0.0}
   varied = {"zero_variance_groups": 0.25, "grad_norm": 0.7}
   steps = [tied] * (metrics_lib.NO_SIGNAL_STEPS - 1) + [varied] + \
       [tied] * (metrics_lib.NO_SIGNAL_STEPS + 3)
-  with caplog.at_level("WARNING", logger="jaxrl_agents.rl_loop"):
+  with caplog.at_level("WARNING", logger="jaxrl_agents.rollout.records"):
     for result in steps:
       assert watch(result) is result
   warned = [r for r in caplog.records if "no learning signal" in r.getMessage()]

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents import checkpointing
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.train import checkpointing
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 def _state(value: float):

@@ -14,8 +14,9 @@ def _run(*args, timeout=300):
 
 
 def test_generate_prints_only_the_completion():
-  r = _run("jaxrl_agents.generate", "--model", "tiny", "--prompt", "hi", "--max-new-tokens", "5",
-           "--no-chat")
+  # The old command name, kept working beside jaxrl_agents.tools.generate.
+  r = _run("jaxrl_agents.generate", "--model", "tiny", "--prompt", "hi", "--max-new-tokens",
+           "5", "--no-chat")
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
   assert len(lines) == 1  # one prompt, one completion, nothing else on stdout
@@ -23,7 +24,7 @@ def test_generate_prints_only_the_completion():
 
 
 def test_generate_rejects_unknown_model():
-  r = _run("jaxrl_agents.generate", "--model", "no-such-model", "--prompt", "hi")
+  r = _run("jaxrl_agents.tools.generate", "--model", "no-such-model", "--prompt", "hi")
   assert r.returncode != 0
   assert "unknown model 'no-such-model'" in r.stderr
 
@@ -31,7 +32,7 @@ def test_generate_rejects_unknown_model():
 @pytest.mark.smollm2
 @pytest.mark.slow
 def test_generate_smollm2_answers_arithmetic():
-  r = _run("jaxrl_agents.generate", "--prompt", "What is 2 + 3? Answer with the number only.",
+  r = _run("jaxrl_agents.tools.generate", "--prompt", "What is 2 + 3? Answer with the number only.",
            "--max-new-tokens", "16")
   assert r.returncode == 0, r.stderr
   assert "5" in r.stdout

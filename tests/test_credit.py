@@ -1,4 +1,5 @@
-"""Op tests for jaxrl_agents.credit: hand-computed values, identities, jit/vmap, shape errors."""
+"""Op tests for jaxrl_agents.objectives.credit: hand-computed values, identities, jit/vmap,
+shape errors."""
 
 import functools
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents import credit
+from jaxrl_agents.objectives import credit
 
 
 def _np(x):
@@ -223,7 +224,8 @@ def test_policy_token_gae_skips_the_environment_tokens():
 def test_policy_token_gae_on_one_turn_is_plain_gae():
   """A single-turn stream (contiguous policy tokens): the old path, GAE with done at the last
   policy token, gives the same numbers."""
-  from jaxrl_agents import advantages, types
+  from jaxrl_agents import types
+  from jaxrl_agents.objectives import advantages
 
   rng = np.random.default_rng(0)
   mask = np.zeros((3, 12), bool)

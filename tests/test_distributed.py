@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from jaxrl_agents import distributed
+from jaxrl_agents.parallel import distributed
 from launch import local
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,11 +9,11 @@ import pytest
 
 from experiments import dpo
 from experiments.configs import dpo_arithmetic
-from jaxrl_agents import losses
-from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.objectives import losses
 from jaxrl_agents.rollout import scoring
+from jaxrl_agents.train import metrics as metrics_lib
 
 PAIRS = [{"prompt": "2 + 3?", "chosen": "5", "rejected": "six or so"},
          {"prompt": "a much longer question here?", "chosen": "yes!", "rejected": "no"}]

@@ -10,9 +10,10 @@ import pytest
 
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
-from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import rl_loop, types
+from jaxrl_agents import types
 from jaxrl_agents.models import lm
+from jaxrl_agents.rollout import groups
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 def _traj(prompt_lens, reply_lens, prompt_width, reply_width, first_id=0):
@@ -77,7 +78,7 @@ def _rollout(rewards, reply_lens, first_id, prompt_width=2, truncated=0):
   traj = types.with_outcome(_traj([2] * b, reply_lens, prompt_width, max(reply_lens) + 2,
                                   first_id), rewards)
   names = [f"q{first_id + i}" for i in range(b)]
-  return rl_loop.Rollout(
+  return types.Rollout(
       traj=traj, examples=[{"id": n} for n in names], prompts=names,
       completions=[f"c{first_id + i}" for i in range(b)], rewards=rewards,
       components={"part": rewards * 2}, correct=(rewards > 0).astype(np.float32),
@@ -89,7 +90,7 @@ def test_varied_first_keeps_varied_groups_then_the_first_rounds_tied_ones():
   r0 = _rollout([1, 1, 0, 1, 0, 0], [1, 2, 1, 1, 9, 9], first_id=0, truncated=1)
   r1 = _rollout([0, 1, 0, 0, 1, 0], [1, 1, 30, 30, 2, 5], first_id=100, prompt_width=3,
                 truncated=2)
-  out = rl_loop.varied_first([r0, r1], group_size=2, max_new_tokens=48)
+  out = groups.varied_first([r0, r1], group_size=2, max_new_tokens=48)
   # The varied groups in sampling order (r0's 1; r1's 0 and 2), up to the 3 groups of a
   # round: r0's tied groups are not needed.
   assert out.prompts == ["q2", "q3", "q100", "q101", "q104", "q105"]
@@ -107,11 +108,11 @@ def test_varied_first_keeps_varied_groups_then_the_first_rounds_tied_ones():
   for row, (src, i) in enumerate([(r0, 2), (r0, 3), (r1, 0), (r1, 1), (r1, 4), (r1, 5)]):
     assert _real(out.traj, row) == _real(src.traj, i)
   # Too few varied groups: the first round's tied groups top up, in sampling order.
-  few = rl_loop.varied_first([r0, _rollout([1] * 6, [1] * 6, first_id=200)], 2, 48)
+  few = groups.varied_first([r0, _rollout([1] * 6, [1] * 6, first_id=200)], 2, 48)
   assert few.prompts == ["q0", "q1", "q2", "q3", "q4", "q5"]
   # One varied group in each of two rounds: the first round's first tied group tops up, and
   # sits before the second round's varied group in the batch, as sampled.
-  mixed = rl_loop.varied_first([r0, _rollout([0, 0, 0, 1, 1, 1], [1] * 6, first_id=200)], 2, 48)
+  mixed = groups.varied_first([r0, _rollout([0, 0, 0, 1, 1, 1], [1] * 6, first_id=200)], 2, 48)
   assert mixed.prompts == ["q0", "q1", "q2", "q3", "q202", "q203"]
 
 
@@ -128,7 +129,7 @@ def test_resample_until_varied_samples_until_enough_groups_vary():
 
   rng = jax.random.key(3)
   kw = dict(need=2, group_size=2, max_new_tokens=16)
-  out, extra = rl_loop.resample_until_varied(collect, None, lambda: next(batches), rng,
+  out, extra = groups.resample_until_varied(collect, None, lambda: next(batches), rng,
                                              rounds[0], {"reward_timeouts": 0}, max_rounds=5,
                                              **kw)
   assert [c[0] for c in calls] == [1, 2]  # stopped once 3 groups varied
@@ -140,13 +141,13 @@ def test_resample_until_varied_samples_until_enough_groups_vary():
   # At most max_rounds more, then what there is.
   calls.clear()
   batches = iter(range(1, 10))
-  out, extra = rl_loop.resample_until_varied(collect, None, lambda: next(batches), rng,
+  out, extra = groups.resample_until_varied(collect, None, lambda: next(batches), rng,
                                              rounds[0], {}, max_rounds=1, **kw)
   assert len(calls) == 1 and extra["resample_rounds"] == 1
   assert out.prompts == ["q0", "q1", "q2", "q3"]  # the tied group tops up, in sampling order
   # Enough already: nothing more sampled, the rollout as it was.
   calls.clear()
-  out, extra = rl_loop.resample_until_varied(collect, None, lambda: next(batches), rng,
+  out, extra = groups.resample_until_varied(collect, None, lambda: next(batches), rng,
                                              rounds[2], {}, max_rounds=3, **kw)
   assert out is rounds[2] and not calls and extra["resample_rounds"] == 0
 
@@ -204,5 +205,5 @@ def _untimed(records):
 
 
 def test_group_rows_are_each_groups_rows_in_the_groups_order():
-  assert rl_loop.group_rows(np.array([2, 0]), 3).tolist() == [6, 7, 8, 0, 1, 2]
-  assert rl_loop.group_rows(np.array([], int), 4).tolist() == []
+  assert groups.group_rows(np.array([2, 0]), 3).tolist() == [6, 7, 8, 0, 1, 2]
+  assert groups.group_rows(np.array([], int), 4).tolist() == []

@@ -7,8 +7,8 @@ import pytest
 
 from experiments import grpo
 from experiments.configs import grpo_guess_number
-from jaxrl_agents import checkpointing
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.train import checkpointing
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 def _records(workdir, kind):

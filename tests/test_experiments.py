@@ -20,10 +20,11 @@ from experiments.configs import (
   grpo_tic_tac_toe_self_play,
   ppo_arithmetic,
 )
-from jaxrl_agents import checkpointing, harness, registry, rl_loop, types
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import registry, types
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import scoring, single_turn
+from jaxrl_agents.rollout import groups, scoring, single_turn
+from jaxrl_agents.train import checkpointing, harness
+from jaxrl_agents.train import metrics as metrics_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO_TINY = os.path.join(REPO, "experiments", "configs", "grpo_arithmetic.py") + ":tiny"
@@ -234,7 +235,7 @@ def test_packed_replies_engage_where_they_apply():
 
 
 def _one_reply_rollout(b: int, n: int, longest: int, rewards=None,
-                       tokens=None, lengths=None) -> rl_loop.Rollout:
+                       tokens=None, lengths=None) -> types.Rollout:
   """b rows of 8 prompt tokens and replies of 1..longest tokens (or `lengths`; of n
   columns); rewards alternating 0/1 unless given (every group's rewards vary)."""
   lengths = np.arange(b) % longest + 1 if lengths is None else np.asarray(lengths)
@@ -243,7 +244,7 @@ def _one_reply_rollout(b: int, n: int, longest: int, rewards=None,
   traj = types.with_outcome(types.single_turn(
       jnp.ones((b, 8), jnp.int32), jnp.ones((b, 8), bool), tokens,
       jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
-  return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+  return types.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
                          completions=[""] * b, rewards=rewards,
                          components={"reward": rewards}, correct=rewards)
 
@@ -331,7 +332,7 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
   assert np.all(np.asarray(advantages)[:, 8 + n:] == 0) and np.all(advantages[:, :8 + n] == 1)
 
 
-def _rollout_with_a_tied_group(g: int, b: int, n: int, tie: float) -> rl_loop.Rollout:
+def _rollout_with_a_tied_group(g: int, b: int, n: int, tie: float) -> types.Rollout:
   """b rows in groups of g with replies of 1..n tokens; rewards alternate 0/1, but the
   second group's all equal `tie`."""
   rewards = (np.arange(b) % 2).astype(np.float32)
@@ -541,18 +542,18 @@ def test_bad_config_fails_before_anything_runs(tmp_path, flag, message):
 
 
 def test_kept_groups_keep_groups_with_reward_variance_first():
-  """Oversampling's selection (`rl_loop.kept_groups`, the rows by `group_rows`), as
+  """Oversampling's selection (`groups.kept_groups`, the rows by `group_rows`), as
   `grpo.group_advantages` applies it."""
   rewards = np.array([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.2], [0.5, 0.5]], np.float32)
-  kept = rl_loop.kept_groups(rewards, keep=2)
+  kept = groups.kept_groups(rewards, keep=2)
   np.testing.assert_array_equal(kept, [1, 3])
-  np.testing.assert_array_equal(rl_loop.group_rows(kept, 2), [2, 3, 6, 7])
+  np.testing.assert_array_equal(groups.group_rows(kept, 2), [2, 3, 6, 7])
   # Too few groups vary: tied ones top up, in sampling order, and order is kept.
-  kept = rl_loop.kept_groups(rewards, keep=3)
-  np.testing.assert_array_equal(rl_loop.group_rows(kept, 2), [0, 1, 2, 3, 6, 7])
-  np.testing.assert_array_equal(rl_loop.kept_groups(rewards, keep=5), np.arange(5))
+  kept = groups.kept_groups(rewards, keep=3)
+  np.testing.assert_array_equal(groups.group_rows(kept, 2), [0, 1, 2, 3, 6, 7])
+  np.testing.assert_array_equal(groups.kept_groups(rewards, keep=5), np.arange(5))
   with pytest.raises(ValueError, match="cannot keep 6 groups of 5"):
-    rl_loop.kept_groups(rewards, keep=6)
+    groups.kept_groups(rewards, keep=6)
 
 
 def test_split_for_sampling_keeps_every_prompt():
@@ -648,7 +649,7 @@ def test_export_workdir_writes_the_trained_policy(tmp_path):
   with registry.registered("reward", "test_first_char_parity", _first_char_parity):
     grpo.train(config, workdir, progress=False)
   trained, _, _ = checkpointing.latest_policy_params(workdir)
-  code = subprocess.run([sys.executable, "-m", "jaxrl_agents.export", "--workdir", workdir,
+  code = subprocess.run([sys.executable, "-m", "jaxrl_agents.tools.export", "--workdir", workdir,
                          "--out", out], cwd=REPO, capture_output=True, text=True)
   assert code.returncode == 0, code.stderr[-3000:]
   exported = zoo.load(out)
@@ -802,7 +803,7 @@ def test_the_stacked_layout_runs_the_tiny_grpo_and_reward_model_experiments_alik
   from experiments import grpo
   from experiments import reward_model as rm_experiment
   from experiments.configs import grpo_arithmetic, reward_model_arithmetic
-  from jaxrl_agents import metrics as metrics_lib
+  from jaxrl_agents.train import metrics as metrics_lib
 
   def train_records(workdir):
     return [r for r in metrics_lib.read_jsonl(workdir / "metrics.jsonl") if r["kind"] == "train"]
@@ -823,6 +824,6 @@ def test_the_stacked_layout_runs_the_tiny_grpo_and_reward_model_experiments_alik
   config.remat = "full"
   with pytest.raises(ValueError, match="applies to the stacked layout"):
     grpo.train(config, str(tmp_path / "bad"), progress=False)
-  from jaxrl_agents import export
+  from jaxrl_agents.tools import export
   export.main(["--workdir", str(tmp_path / "grpo_stacked"), "--out", str(tmp_path / "hf")])
   assert (tmp_path / "hf" / "model.safetensors").exists()

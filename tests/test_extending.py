@@ -12,9 +12,9 @@ import pytest
 
 from experiments import grpo
 from experiments.configs import env_common, grpo_arithmetic
-from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents import registry
 from jaxrl_agents.tools import list as list_tool
+from jaxrl_agents.train import metrics as metrics_lib
 
 GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                      "extending.md")

@@ -24,7 +24,7 @@ import pytest
 from test_harness import Batches, _config, _records, _train
 
 from experiments import common
-from jaxrl_agents import checkpointing, harness, workdir
+from jaxrl_agents.train import checkpointing, harness, workdir
 
 # ----------------------------------------------------------------------------
 # One writer per workdir.
@@ -43,7 +43,7 @@ def test_a_second_run_on_a_live_workdir_fails_naming_the_first(tmp_path):
 def _hold_lock_in_subprocess(run_dir: str) -> subprocess.Popen:
   code = textwrap.dedent(f"""
       import sys, time
-      from jaxrl_agents import workdir
+      from jaxrl_agents.train import workdir
       with workdir.WorkdirLock({run_dir!r}):
         print("locked", flush=True)
         time.sleep(600)
@@ -325,7 +325,7 @@ def test_prompts_longer_than_the_context_fail_or_truncate_by_config():
 
 
 def _export(workdir_path, out, *extra):
-  from jaxrl_agents import export
+  from jaxrl_agents.tools import export
   return export.main(["--workdir", workdir_path, "--out", out, *extra])
 
 

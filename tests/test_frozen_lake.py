@@ -10,10 +10,10 @@ import pytest
 from experiments import grpo
 from experiments.configs import grpo_frozen_lake
 from jaxrl_agents import envs
-from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.envs import base, frozen_lake
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.train import metrics as metrics_lib
 
 WIDTH = 24
 

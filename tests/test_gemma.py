@@ -190,8 +190,8 @@ def test_tiny_grpo_on_gemma_writes_artifacts_resumes_bitwise_and_exports(tmp_pat
   equal."""
   from experiments import grpo
   from experiments.configs import grpo_arithmetic
-  from jaxrl_agents import checkpointing
-  from jaxrl_agents import metrics as metrics_lib
+  from jaxrl_agents.train import checkpointing
+  from jaxrl_agents.train import metrics as metrics_lib
 
   config = grpo_arithmetic.get_config("tiny")
   config.model, config.steps, config.checkpoint_every = "tiny-gemma", 4, 1
@@ -215,7 +215,7 @@ def test_tiny_grpo_on_gemma_writes_artifacts_resumes_bitwise_and_exports(tmp_pat
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
   out = str(tmp_path / "hf")
-  code = subprocess.run([sys.executable, "-m", "jaxrl_agents.export", "--workdir", whole,
+  code = subprocess.run([sys.executable, "-m", "jaxrl_agents.tools.export", "--workdir", whole,
                          "--out", out], cwd=REPO, capture_output=True, text=True)
   assert code.returncode == 0, code.stderr[-3000:]
   exported = zoo.load(out)
@@ -229,7 +229,7 @@ def test_tiny_grpo_on_gemma_writes_artifacts_resumes_bitwise_and_exports(tmp_pat
 def test_gemma_shards_by_the_rules_and_a_sharded_update_equals_one_device():
   """On a (2, 2, 2) mesh of fake devices the Gemma's weights split over fsdp and tensor,
   and the loss, its gradient and the sampled tokens equal one device's."""
-  from jaxrl_agents import sharding
+  from jaxrl_agents.parallel import sharding
 
   model = _perturbed(zoo.load("tiny-gemma"))
   cfg = model.cfg
@@ -275,7 +275,7 @@ def test_the_experiments_run_on_the_flax_gemma(tmp_path, experiment, config_name
   # Two train steps; no evaluation (the Gemma's evaluation runs in the GRPO resume test above).
   config.model, config.steps, config.eval_every = "tiny-gemma", 2, 0
   module.train(config, str(tmp_path), progress=False)
-  from jaxrl_agents import metrics as metrics_lib
+  from jaxrl_agents.train import metrics as metrics_lib
 
   train = [r for r in metrics_lib.read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
            if r["kind"] == "train"]

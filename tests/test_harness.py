@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxrl_agents import harness, metrics
+from jaxrl_agents.train import harness, metrics
 
 TRUE_W = np.array([1.5, -2.0, 0.5], np.float32)
 

@@ -189,7 +189,7 @@ def test_calculator_episodes_read_calls_and_answers():
 def test_tiny_grpo_with_the_calculator_tool_runs_on_the_harness(tmp_path):
   from experiments import grpo
   from experiments.configs import grpo_calculator
-  from jaxrl_agents import metrics
+  from jaxrl_agents.train import metrics
 
   config = grpo_calculator.get_config("tiny")
   config.steps, config.eval_every = 2, 2
@@ -238,7 +238,7 @@ def test_a_failed_reset_fails_its_whole_group_and_differing_resets_are_refused(t
 
 
 def test_failed_episodes_do_not_move_their_group_baseline():
-  from jaxrl_agents import env_loop
+  from jaxrl_agents.rollout import env_loop
 
   rewards = np.asarray([1.0, 0.0, 1.0, 0.0, 0.0, 0.0], np.float32)
   failed = np.asarray([False, True, False, True, True, True])

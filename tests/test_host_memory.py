@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jaxrl_agents import host_memory
+from jaxrl_agents.train import host_memory
 
 # Calls a jitted function whose 64 MiB output is freed before the next call, and prints
 # the page faults (ru_minflt) of five calls after ten warm-up calls (the heap grows to a
@@ -15,7 +15,7 @@ _PROBE = """
 import ctypes, resource, sys, time
 # 4 KiB pages only: with transparent huge pages on "always" a buffer faults far fewer times.
 ctypes.CDLL("libc.so.6").prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE
-from jaxrl_agents import host_memory
+from jaxrl_agents.train import host_memory
 if sys.argv[1] == "retain":
   assert host_memory.retain_freed_memory()
 import jax, jax.numpy as jnp

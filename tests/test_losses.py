@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents import losses, registry
+from jaxrl_agents import registry
+from jaxrl_agents.objectives import losses
 
 
 def _random_batch(seed=0, b=4, t=6, scale=0.3):

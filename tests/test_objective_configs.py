@@ -11,10 +11,13 @@ import pytest
 
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
-from jaxrl_agents import advantages, checkpointing, harness, registry, rl_loop, types
-from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import objective as objective_lib
+from jaxrl_agents import registry, types
 from jaxrl_agents.models import zoo
+from jaxrl_agents.objectives import advantages
+from jaxrl_agents.objectives import policy_objective as objective_lib
+from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.train import checkpointing, harness
+from jaxrl_agents.train import metrics as metrics_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,7 +136,7 @@ def test_gdpo_normalizes_each_reward_component_in_its_group(tmp_path):
   total = components["math_strict"] + 0.2 * components["short_reply"]
   traj = types.single_turn(jnp.ones((b, 2), jnp.int32), jnp.ones((b, 2), bool),
                            jnp.ones((b, 3), jnp.int32), jnp.ones((b, 3), bool), jnp.zeros((b, 3)))
-  r = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+  r = types.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
                       rewards=total, components=components, correct=np.zeros(b, np.float32))
   _, adv, _ = grpo.group_advantages(s, r)
   stacked = np.stack([components["math_strict"], components["short_reply"]], -1)
@@ -178,7 +181,7 @@ def test_ppo_critic_learns_at_its_own_rate():
     traj = types.with_outcome(types.single_turn(
         jnp.full((b, 4), 5, jnp.int32), jnp.ones((b, 4), bool), jnp.full((b, 3), 7, jnp.int32),
         jnp.ones((b, 3), bool), jnp.zeros((b, 3))), jnp.arange(b, dtype=jnp.float32))
-    r = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+    r = types.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
                         rewards=np.arange(b, dtype=np.float32), components={},
                         correct=np.zeros(b, np.float32))
     batch = algorithm.prepare(state, r, jax.random.key(1))
@@ -200,9 +203,9 @@ def test_par_shaping_by_hand():
   traj = types.single_turn(jnp.ones((b, 2), jnp.int32), jnp.ones((b, 2), bool),
                            jnp.ones((b, 3), jnp.int32), jnp.ones((b, 3), bool), jnp.zeros((b, 3)))
   rewards = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
-  r = rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+  r = types.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
                       rewards=rewards, components={"x": rewards}, correct=rewards)
-  shaped = rl_loop.par_shaped(r, np.array([[0.0, 1.0], [1.0, 1.0]]), group_size=2)
+  shaped = single_turn.par_shaped(r, np.array([[0.0, 1.0], [1.0, 1.0]]), group_size=2)
   sig = lambda z: 1 / (1 + np.exp(-z))
   expected = [(sig(1) + sig(0)) / 2, (sig(0) + sig(-1)) / 2, sig(0), sig(0)]
   np.testing.assert_allclose(shaped.rewards, expected, rtol=1e-6)
@@ -248,7 +251,7 @@ def _tied_rollout(config, rewards):
       jnp.ones((b, 4), jnp.int32), jnp.ones((b, 4), bool),
       jnp.asarray(np.arange(b * n).reshape(b, n) % 50 + 3, jnp.int32),
       jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n))), rewards)
-  return rl_loop.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
+  return types.Rollout(traj=traj, examples=[{}] * b, prompts=[""] * b,
                          completions=[""] * b, rewards=rewards,
                          components={"reward": rewards}, correct=rewards)
 

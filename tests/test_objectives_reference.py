@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents import advantages as adv
-from jaxrl_agents import losses, registry
+from jaxrl_agents import registry
+from jaxrl_agents.objectives import advantages as adv
+from jaxrl_agents.objectives import losses
 
 # ---------------- verl transcription ----------------
 

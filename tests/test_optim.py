@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_agents import optim
+from jaxrl_agents.train import optim
 
 
 def _minibatch_stats(group_size: int, *, rows=24, groups_of=4, epochs=3, minibatches=3):

@@ -1,5 +1,5 @@
-"""The overlapped rollout (jaxrl_agents/overlap.py) and the off-policy corrections
-(jaxrl_agents/losses/off_policy.py): hand-computed weights, the objective's identities,
+"""The overlapped rollout (jaxrl_agents/train/overlap.py) and the off-policy corrections
+(jaxrl_agents/objectives/losses/off_policy.py): hand-computed weights, the objective's identities,
 the data position a checkpoint saves, and a tiny GRPO run that resumes exactly."""
 
 import json
@@ -14,10 +14,10 @@ import pytest
 
 from experiments import grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
-from jaxrl_agents import checkpointing, overlap
-from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import objective as objective_lib
-from jaxrl_agents.losses import off_policy
+from jaxrl_agents.objectives import policy_objective as objective_lib
+from jaxrl_agents.objectives.losses import off_policy
+from jaxrl_agents.train import checkpointing, overlap
+from jaxrl_agents.train import metrics as metrics_lib
 
 LOGP = np.log(np.array([[0.5, 0.3, 0.9, 0.3]], np.float32))
 BEHAVIOR = np.log(np.array([[0.1, 0.4, 0.9, 0.3]], np.float32))  # rho = 5, 0.75, 1, 1

@@ -1,4 +1,4 @@
-"""Ahead-of-time compiles in the background (jaxrl_agents/precompile.py): the compiled program
+"""Ahead-of-time compiles in the background (jaxrl_agents/train/precompile.py): the compiled program
 answers calls of its shapes with the jitted function's results, other shapes and failed
 compiles fall back to the jitted function, donation holds, and a GRPO run whose first update
 was compiled during its first rollout logs what a run without it logs."""
@@ -15,8 +15,8 @@ import pytest
 
 from experiments import grpo
 from experiments.configs import grpo_arithmetic
-from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import precompile
+from jaxrl_agents.train import metrics as metrics_lib
+from jaxrl_agents.train import precompile
 
 
 def _affine(params, x, scale):
@@ -99,7 +99,7 @@ _EXIT_DURING_A_COMPILE = """
 import time
 import jax
 import jax.numpy as jnp
-from jaxrl_agents import precompile
+from jaxrl_agents.train import precompile
 
 def chain(x):
   for _ in range(200):

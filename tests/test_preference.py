@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses import preference as pref
+from jaxrl_agents.objectives.losses import preference as pref
 
 # -log sigmoid(x), written out (math.log1p(math.exp(-x))).
 NLS = {

@@ -11,10 +11,10 @@ import pytest
 from experiments import process_reward_model as prm_experiment
 from experiments import step_data
 from experiments.configs import process_reward_model_arithmetic
-from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data import steps as steps_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 def test_label_steps_values_are_the_continuations_success_rates_by_hand():

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents import process_rewards as pr
+from jaxrl_agents.rewards import process_rewards as pr
 
 
 def test_mc_step_values_match_the_known_values_of_a_toy_chain():

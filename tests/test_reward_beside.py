@@ -10,11 +10,12 @@ from experiments import grpo
 from experiments import reward_beside as beside
 from experiments import reward_model as rm_experiment
 from experiments.configs import grpo_arithmetic, reward_model_arithmetic
-from jaxrl_agents import checkpointing, registry
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import registry
 from jaxrl_agents.data import preferences
 from jaxrl_agents.models import reward_model as rm_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.train import checkpointing
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 def test_grader_labels_prefer_accepted_replies_each_text_once():

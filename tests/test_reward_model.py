@@ -11,11 +11,11 @@ import pytest
 from experiments import preference_data
 from experiments import reward_model as rm_experiment
 from experiments.configs import reward_model_arithmetic
-from jaxrl_agents import best_of_n
-from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.models import heads, transformer, zoo
 from jaxrl_agents.models import reward_model as rm_lib
+from jaxrl_agents.rewards import best_of_n
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,14 @@ from sampler_steps import prefill as _prefill
 
 from experiments import grpo
 from experiments.configs import grpo_tic_tac_toe_self_play
-from jaxrl_agents import credit, env_loop, envs, rl_loop
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import envs, types
 from jaxrl_agents.envs import base
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import multiturn, scoring, self_play
+from jaxrl_agents.objectives import credit
+from jaxrl_agents.rollout import env_loop, multiturn, scoring, self_play
 from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +269,7 @@ def test_tic_tac_toe_self_play_rollout_counts_forfeits_and_roles(tiny):
 
 def _rollout(rewards, roles):
   b = len(rewards)
-  traj = rl_loop.Rollout(traj=None, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
+  traj = types.Rollout(traj=None, examples=[{}] * b, prompts=[""] * b, completions=[""] * b,
                          rewards=np.asarray(rewards, np.float32), components={},
                          correct=np.zeros(b, np.float32), roles=np.asarray(roles, np.int32))
   return traj

@@ -12,9 +12,9 @@ import pytest
 
 from experiments import rejection_sampling, sft
 from experiments.configs import rejection_sampling_arithmetic, sft_arithmetic
-from jaxrl_agents import metrics as metrics_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.train import metrics as metrics_lib
 
 _strip = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
                      for r in rs]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_agents import sharding
 from jaxrl_agents.models import zoo
+from jaxrl_agents.parallel import sharding
 
 MESHES = [{"data": 8}, {"data": 2, "fsdp": 4}, {"data": 2, "fsdp": 2, "tensor": 2}]
 
@@ -81,7 +81,7 @@ def _grpo_case(tiny):
   from experiments import common, grpo
   from experiments.configs import grpo_arithmetic
   from jaxrl_agents import data as data_lib
-  from jaxrl_agents import rl_loop
+  from jaxrl_agents.rollout import single_turn
 
   config = grpo_arithmetic.get_config("tiny")
   config.prompts_per_step, config.group_size = 4, 4
@@ -94,10 +94,10 @@ def _grpo_case(tiny):
   source = data_lib.load_task(config.task, "train")
   examples = [source[i] for i in range(4)]
   reward_fn, grader = common.make_rewards(config)
-  r = rl_loop.rollout(tiny.params, tiny, examples, jax.random.key(1), group_size=4,
-                      sampling=rl_loop.sampling_from_config(config, tiny.tokenizer),
-                      template=config.prompt_template, chat=config.chat, system=None,
-                      reward_fn=reward_fn, grader=grader)
+  r = single_turn.rollout(tiny.params, tiny, examples, jax.random.key(1), group_size=4,
+                          sampling=single_turn.sampling_from_config(config, tiny.tokenizer),
+                          template=config.prompt_template, chat=config.chat, system=None,
+                          reward_fn=reward_fn, grader=grader)
   return algo, state, algo.prepare(state, r, jax.random.key(2))
 
 
@@ -145,7 +145,7 @@ def test_sampling_with_sharded_weights_and_rows_equals_one_device(tiny, spec):
 
 
 def _records(workdir, kind):
-  from jaxrl_agents import metrics as metrics_lib
+  from jaxrl_agents.train import metrics as metrics_lib
   return [r for r in metrics_lib.read_jsonl(workdir / "metrics.jsonl") if r["kind"] == kind]
 
 

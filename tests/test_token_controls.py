@@ -1,4 +1,5 @@
-"""Op tests for jaxrl_agents.losses.token_controls: covariance clip (SPEAR), entropy gate (EARL)."""
+"""Op tests for jaxrl_agents.objectives.losses.token_controls: covariance clip (SPEAR), entropy
+gate (EARL)."""
 
 import functools
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents.losses.token_controls import covariance_clip_mask, entropy_gate_mask
+from jaxrl_agents.objectives.losses.token_controls import covariance_clip_mask, entropy_gate_mask
 
 
 def _np(x):

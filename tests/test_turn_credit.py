@@ -10,12 +10,12 @@ import pytest
 
 from experiments import grpo
 from experiments.configs import grpo_arithmetic, grpo_calculator, grpo_guess_number
-from jaxrl_agents import env_loop, envs
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents import envs
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import transformer, zoo
-from jaxrl_agents.rollout import multiturn
+from jaxrl_agents.rollout import env_loop, multiturn
 from jaxrl_agents.rollout import sampler as sampler_lib
+from jaxrl_agents.train import metrics as metrics_lib
 
 P, G, K = 2, 4, 3
 

@@ -147,7 +147,7 @@ def test_gguf_quantized_tensors_are_dequantized(tmp_path):
 
 
 def test_export_cli_round_trip(tmp_path):
-  from jaxrl_agents import export
+  from jaxrl_agents.tools import export
   out = tmp_path / "hf"
   assert export.main(["--model", "tiny-llama3", "--out", str(out)]) == 0
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))

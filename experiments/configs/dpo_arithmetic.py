@@ -27,7 +27,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   trainer_common.add_pair_data(c)
 
   c.loss = "dpo"  # dpo, ipo, rpo, cpl
-  # Each loss reads only its own entry (jaxrl_agents/losses/preference.py).
+  # Each loss reads only its own entry (jaxrl_agents/objectives/losses/preference.py).
   c.loss_kwargs = ml_collections.ConfigDict(dict(
       dpo=dict(beta=0.1, label_smoothing=0.0),
       ipo=dict(tau=0.1),

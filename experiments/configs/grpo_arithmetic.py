@@ -101,11 +101,11 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.prompts_per_step = 4  # groups per update
   c.group_size = 8
   # Sample oversample x prompts_per_step prompts per step and train on the
-  # prompts_per_step groups whose rewards vary (rl_loop.kept_groups).
+  # prompts_per_step groups whose rewards vary (groups.kept_groups).
   c.oversample = 1
   # DAPO's dynamic sampling: while fewer than prompts_per_step of the sampled groups have
   # reward variance, sample up to this many more batches of prompts and keep the varied
-  # groups (rl_loop.resample_until_varied; 0: off).
+  # groups (groups.resample_until_varied; 0: off).
   c.resample_rounds = 0
   # Leave the groups whose rewards tie (zero advantage) out of the update's token mean
   # and its packed tokens (experiments.grpo.without_tied_groups).
@@ -187,7 +187,7 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.max_consecutive_nonfinite = 5
 
   # Sample step t+1's rollout while step t's update runs, with the policy that update
-  # starts from (one step off-policy; jaxrl_agents/overlap.py). One process, one device;
+  # starts from (one step off-policy; jaxrl_agents/train/overlap.py). One process, one device;
   # GRPO only; the train state keeps a second copy of the policy.
   c.overlap = False
   # Tokens drawn by another policy than the one updated (the overlap's, or a sampler whose
@@ -196,7 +196,7 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # (losses/off_policy.py). Needs top_p=1, top_k=0; not with gspo.
   c.off_policy = ml_collections.ConfigDict(dict(correction="none", cap=2.0))
 
-  # Devices (jaxrl_agents/sharding.py): rows split over data x fsdp, weights and
+  # Devices (jaxrl_agents/parallel/sharding.py): rows split over data x fsdp, weights and
   # optimizer moments over fsdp (and tensor); -1 takes the devices left over. All
   # 1: one device.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))

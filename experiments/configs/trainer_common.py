@@ -71,7 +71,7 @@ def tiny_pair_data(c: ml_collections.ConfigDict) -> None:
 
 def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: float,
                  warmup_updates: int = 10, decay: str = "cosine", eval_every: int = 50) -> None:
-  """AdamW with clipping (`jaxrl_agents.optim`), `steps` steps, and the harness's keys."""
+  """AdamW with clipping (`jaxrl_agents.train.optim`), `steps` steps, and the harness's keys."""
   c.steps = steps
   c.minibatches = 1
   c.optimizer = ml_collections.ConfigDict(dict(
@@ -81,7 +81,7 @@ def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: flo
   c.max_consecutive_nonfinite = 5
   c.time_budget_s = 0.0
   c.eval_every_s = 0.0
-  # Devices (jaxrl_agents/sharding.py); all 1: one device.
+  # Devices (jaxrl_agents/parallel/sharding.py); all 1: one device.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
   c.layout = "list"  # or "stacked" (grpo_arithmetic.py)
   c.remat = "none"

@@ -158,7 +158,7 @@ def params_to_hf(params: dict, cfg: gemma.GemmaConfig) -> dict[str, np.ndarray]:
   """Hugging Face tensors (`Gemma3ForCausalLM` names, float32) from the gemma parameter tree."""
   import jax
 
-  from jaxrl_agents import distributed
+  from jaxrl_agents.parallel import distributed
 
   host = jax.tree.map(lambda x: np.asarray(distributed.to_host(x), np.float32), params)
   n, k, h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.embed_dim

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxrl_agents import distributed
+from jaxrl_agents.parallel import distributed
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

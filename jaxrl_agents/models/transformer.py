@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_agents.models import lm
-from jaxrl_agents.sharding import BATCH_AXES
+from jaxrl_agents.parallel.sharding import BATCH_AXES
 
 Params = dict[str, Any]
 

@@ -301,7 +301,7 @@ def load(name_or_path: str, dtype: str = "float32", param_dtype: str | None = No
   if mesh is None:
     model.params = jax.tree.map(jax.numpy.asarray, host)
   else:
-    from jaxrl_agents import sharding
+    from jaxrl_agents.parallel import sharding
 
     model.params = jax.device_put(host, sharding.shardings(host, mesh))
     # The model's activations keep their rows split like the batch (see TransformerConfig).

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_agents import distributed, registry
+from jaxrl_agents import registry
+from jaxrl_agents.parallel import distributed
 from jaxrl_agents.rewards._checks import as_rewards, check_batch
 from jaxrl_agents.rollout import shapes
 
@@ -120,9 +121,9 @@ class LearnedReward:
     import jax
     import jax.numpy as jnp
 
-    from jaxrl_agents import checkpointing
     from jaxrl_agents.models import reward_model as rm_lib
     from jaxrl_agents.models import zoo
+    from jaxrl_agents.train import checkpointing
 
     check_workdir(workdir)
     with open(os.path.join(workdir, "config.json")) as f:
@@ -143,7 +144,7 @@ class LearnedReward:
     # A process reward model's run names its step separator; an outcome model's, its pooling.
     self.process = "step_separator" in self.config
     if self.process:
-      from jaxrl_agents import process_rewards
+      from jaxrl_agents.rewards import process_rewards
 
       self.aggregate = aggregate or "min"
       if self.aggregate not in process_rewards.AGGREGATIONS:

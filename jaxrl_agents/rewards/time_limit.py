@@ -44,7 +44,7 @@ them (a combinator's components are logged as rewards and read by name by
 component advantages). The count is kept on the wrapper instead:
 `last_timeouts` (int) and `last_timed_out` (bool[B]) describe its latest
 call, and `timeouts(reward_fn)` reads it for any reward (0 for one without a
-limit); `rl_loop` logs it as the metric "reward_timeouts".
+limit); `rollout.records` logs it as the metric "reward_timeouts".
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents.losses.entropy import softmax_terms
 from jaxrl_agents.models import lm
+from jaxrl_agents.objectives.losses.entropy import softmax_terms
 from jaxrl_agents.rollout import shapes
 from jaxrl_agents.types import Trajectory
 

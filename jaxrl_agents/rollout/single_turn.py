@@ -9,19 +9,24 @@ evaluation and training share this path and only training pays for rewards.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import distributed, sharding, types
+from jaxrl_agents import types
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
+from jaxrl_agents.objectives import credit
+from jaxrl_agents.parallel import distributed, sharding
+from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import sampler as sampler_lib
 from jaxrl_agents.rollout import shapes
+from jaxrl_agents.types import Collect, RewardFn, Rollout
 
 MIN_REPLY_WIDTH = 8  # the narrowest trimmed reply width (`trimmed_width`)
 
@@ -237,3 +242,134 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
       completions=tokenizer_lib.decode_completions(model.tokenizer, host_tokens, lengths,
                                                    sampling.stop_tokens),
       prompts_truncated=truncated)
+
+
+# ----------------------------------------------------------------------------
+# The single-turn collector: prompts -> rewarded replies (a types.Rollout), and greedy
+# evaluation of held-out prompts.
+
+
+def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
+            group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
+            system: str | None, reward_fn: RewardFn,
+            grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray],
+            overflow: str = "error") -> Rollout:
+  """`single_turn.sample`, then the rewards and the grader's verdicts of the completions."""
+  s = sample(params, model, examples, rng, group_size=group_size, sampling=sampling,
+                         template=template, chat=chat, system=system, overflow=overflow)
+  total, components = reward_fn(s.completions, s.examples)
+  total = np.asarray(total, np.float32)
+  return Rollout(traj=types.with_outcome(s.traj, total), examples=s.examples, prompts=s.prompts,
+                 completions=s.completions, rewards=total,
+                 components={k: np.asarray(v, np.float32) for k, v in components.items()},
+                 correct=np.asarray(grader(s.completions, s.examples), np.float32),
+                 prompts_truncated=int(s.prompts_truncated.sum()))
+
+
+def par_shaped(r: Rollout, reference_rewards: np.ndarray, group_size: int) -> Rollout:
+  """The rollout with PAR-shaped rewards: mean_m sigmoid(r - r_ref_m) over M reference replies.
+
+  "Reward Shaping to Mitigate Reward Hacking in RLHF" (Preference As Reward,
+  `credit.par_sigmoid_shaping`): the RL reward is the win probability against
+  replies of the reference policy to the same prompt, bounded in (0, 1) and
+  centred on the reference. The raw total is kept as the component "unshaped".
+
+  Args:
+    r: the rollout (groups of `group_size` rows per prompt).
+    reference_rewards: f32[P, M] total rewards of M reference replies per prompt.
+    group_size: G.
+  """
+  refs = np.repeat(np.asarray(reference_rewards, np.float32), group_size, axis=0)
+  shaped = np.asarray(credit.par_sigmoid_shaping(jnp.asarray(r.rewards), jnp.asarray(refs)))
+  return dataclasses.replace(r, traj=types.with_outcome(r.traj, shaped), rewards=shaped,
+                             components={**r.components, "unshaped": r.rewards})
+
+
+def sampling_from_config(config, tok, greedy: bool = False) -> sampler_lib.SamplingConfig:
+  """The rollouts' SamplingConfig (config.max_new_tokens, temperature, top_p, top_k,
+  compact_min_rows), or with greedy the evaluation's (temperature 0)."""
+  stop, pad = tokenizer_lib.stop_token_ids(tok), tok.pad_token_id
+  compact = config.get("compact_min_rows", 0)
+  if greedy:
+    return sampler_lib.SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=0.0,
+                                      stop_tokens=stop, pad_id=pad, compact_min_rows=compact)
+  return sampler_lib.SamplingConfig(
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+      top_p=config.get("top_p", 1.0), top_k=config.get("top_k", 0), stop_tokens=stop,
+      pad_id=pad, compact_min_rows=compact)
+
+
+def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grader,
+                          eval_examples: Sequence[Mapping[str, Any]]
+                          ) -> tuple[Collect, Callable[[Any], tuple[dict, list[dict]]] | None]:
+  """(collect, evaluate) of a single-turn task: prompts from the data, rewarded replies,
+  optionally PAR-shaped (config.reward_shaping); greedy evaluation on `eval_examples`."""
+  sampling = sampling_from_config(config, model.tokenizer)
+  prompt_kwargs = dict(template=config.prompt_template, chat=config.chat,
+                       system=config.get("system_prompt") or None,
+                       overflow=config.get("prompt_overflow", "error"))
+  shaping = config.get("reward_shaping", None)
+  # PAR's references come from the initial policy, kept apart: the train state
+  # may donate (and so delete) the initial params at its first update.
+  par_references = shaping.references if shaping and shaping.name == "par" else 0
+  reference_params = jax.tree.map(jnp.copy, model.params) if par_references else None
+
+  def collect(params, examples, rng):
+    r = rollout(params, model, examples, rng, group_size=config.group_size, sampling=sampling,
+                reward_fn=reward_fn, grader=grader, **prompt_kwargs)
+    reward_timeouts = time_limit.timeouts(reward_fn)  # completions scored 0 for running over
+    if par_references:
+      ref = sample(reference_params, model, examples, jax.random.fold_in(rng, 7),
+                               group_size=par_references, sampling=sampling, **prompt_kwargs)
+      ref_total, _ = reward_fn(ref.completions, ref.examples)
+      reward_timeouts += time_limit.timeouts(reward_fn)
+      r = par_shaped(r, np.reshape(ref_total, (len(examples), par_references)),
+                     config.group_size)
+    return r, {"reward_timeouts": reward_timeouts}
+
+  collect.likely_trajectory = functools.partial(
+      likely_trajectory, model, group_size=config.group_size, sampling=sampling,
+      **prompt_kwargs)
+
+  def run_eval(params):
+    return evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
+                    max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
+                    compact_min_rows=config.get("compact_min_rows", 0), **prompt_kwargs)
+
+  return collect, run_eval if eval_examples else None
+
+
+def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
+             batch_size: int, max_new_tokens: int, template: str, chat: bool,
+             system: str | None, reward_fn: RewardFn, grader, overflow: str = "error",
+             compact_min_rows: int = 0) -> tuple[dict, list[dict]]:
+  """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples.
+  `compact_min_rows`: the SamplingConfig's (decoding goes on with the unfinished rows)."""
+  sampling = sampler_lib.SamplingConfig(
+      max_new_tokens=max_new_tokens, temperature=0.0,
+      stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
+      pad_id=model.tokenizer.pad_token_id, compact_min_rows=compact_min_rows)
+  completions, used, prompts_truncated = [], [], 0
+  for _, n, padded in shapes.padded_batches(examples, batch_size):
+    s = sample(params, model, padded, jax.random.key(0), group_size=1,
+                           sampling=sampling, template=template, chat=chat, system=system,
+                           overflow=overflow)
+    completions += s.completions[:n]
+    used += padded[:n]
+    prompts_truncated += int(s.prompts_truncated[:n].sum())  # not the padding
+  total, components = reward_fn(completions, used)
+  timeouts = time_limit.timeouts(reward_fn)
+  correct = np.asarray(grader(completions, used), np.float32)
+  result = {"accuracy": float(correct.mean()), "reward_mean": float(np.mean(total)),
+            "response_chars": float(np.mean([len(c) for c in completions])),
+            "num_examples": len(used), "reward_timeouts": timeouts,
+            "prompts_truncated": prompts_truncated}
+  for name, values in components.items():
+    result[f"reward/{name}_mean"] = float(np.mean(values))
+  samples = [{"prompt": prompt, "completion": c, "answer": ex.get("answer"),
+              "reward": float(total[i]), "correct": float(correct[i]),
+              **{f"reward/{n}": float(v[i]) for n, v in components.items()}}
+             for i, (prompt, ex, c) in enumerate(zip(format_prompts(used, template),
+                                                     used,
+                                                     completions, strict=True))]
+  return result, samples

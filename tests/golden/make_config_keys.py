@@ -52,7 +52,7 @@ def config_names() -> list[str]:
 
 def flat_keys(name: str) -> list[str]:
   """The flattened keys of config `name` (module or module:variant), free-form maps left out."""
-  from jaxrl_agents import harness
+  from jaxrl_agents.train import harness
 
   module, _, variant = name.partition(":")
   config = importlib.import_module(f"experiments.configs.{module}").get_config(variant or None)

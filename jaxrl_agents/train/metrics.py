@@ -23,7 +23,7 @@ METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 
 # A run whose train records show no learning signal for this many steps in a row is warned
-# about in its log (rl_loop) and by `analysis.warnings` (and so by the plots command).
+# about in its log (rollout/records.py) and by `analysis.warnings` (and so by the plots command).
 NO_SIGNAL_STEPS = 5
 
 
@@ -102,7 +102,7 @@ class MetricWriter:
 
     Returns the folder they went to, or None when there were none.
     """
-    from jaxrl_agents import workdir as workdir_lib  # the layout of previous/ lives there
+    from jaxrl_agents.train import workdir as workdir_lib  # the layout of previous/ lives there
 
     dest = None
     for path in (self.metrics_path, self.samples_path):

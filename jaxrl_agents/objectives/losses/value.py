@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.losses._checks import check_bt
-from jaxrl_agents.losses.aggregation import aggregate, masked_mean
+from jaxrl_agents.objectives.losses._checks import check_bt
+from jaxrl_agents.objectives.losses.aggregation import aggregate, masked_mean
 
 
 def clipped_value_loss(

@@ -1,6 +1,6 @@
 """Corrections for tokens sampled by another policy than the one being updated.
 
-With the rollout overlapped with the update (`rl_loop`, `config.overlap`), the
+With the rollout overlapped with the update (`train/overlap.py`, `config.overlap`), the
 tokens of step t were drawn by the policy before update t-1: one update
 stale. The sampler recorded each token's log-probability under the policy that
 drew it (`Trajectory.sampling_logprobs`, the behaviour policy mu), so the
@@ -27,7 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.losses._checks import check_bt
+from jaxrl_agents.objectives.losses._checks import check_bt
 
 CORRECTIONS = ("none", "tis", "mis")
 

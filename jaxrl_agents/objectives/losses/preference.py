@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses._checks import check_bt, check_rank, check_same_shape
-from jaxrl_agents.losses.aggregation import aggregate
+from jaxrl_agents.objectives.losses._checks import check_bt, check_rank, check_same_shape
+from jaxrl_agents.objectives.losses.aggregation import aggregate
 
 
 def _check_pairs(**arrays) -> None:
@@ -77,7 +77,7 @@ def sft_nll(
   """Supervised fine-tuning: negative log-likelihood of the target tokens.
 
   L = agg_{b,t}( -m_bt log pi(y_bt | x_b, y_b,<t) ), with `agg` one of the
-  modes of `jaxrl_agents.losses.aggregation` ("token-mean" weights every
+  modes of `jaxrl_agents.objectives.losses.aggregation` ("token-mean" weights every
   token equally, "seq-mean-token-mean" every sequence equally).
 
   Args:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.losses._checks import check_bt
+from jaxrl_agents.objectives.losses._checks import check_bt
 
 # Absorbs float error in frac * n (e.g. 0.29 * 100 = 28.999...) before rounding.
 _COUNT_TOL = 1e-4

@@ -1,7 +1,7 @@
 """Training runs as tidy tables: load workdirs, smooth, align runs, flag suspicious dynamics.
 
 ```
-from jaxrl_agents import analysis
+from jaxrl_agents.tools import analysis
 
 run = analysis.load_run("runs/grpo_arithmetic")
 run.train          # one row per step: reward, accuracy, KL, entropy, clip fractions, ...
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from jaxrl_agents import metrics as metrics_lib
+from jaxrl_agents.train import metrics as metrics_lib
 
 
 @dataclasses.dataclass

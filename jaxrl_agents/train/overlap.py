@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents import harness
+from jaxrl_agents.train import harness
 
 log = logging.getLogger(__name__)
 

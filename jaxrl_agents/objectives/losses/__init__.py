@@ -4,7 +4,7 @@ Importing the package registers every loss under its kind ("policy_loss", "kl",
 "aggregation", "preference_loss"); see docs/objectives.md for the table.
 """
 
-from jaxrl_agents.losses import (
+from jaxrl_agents.objectives.losses import (
     aggregation,
     entropy,
     kl,
@@ -14,9 +14,9 @@ from jaxrl_agents.losses import (
     token_controls,
     value,
 )
-from jaxrl_agents.losses.aggregation import aggregate, masked_max, masked_mean
-from jaxrl_agents.losses.entropy import entropy_bonus, entropy_from_logits
-from jaxrl_agents.losses.kl import (
+from jaxrl_agents.objectives.losses.aggregation import aggregate, masked_max, masked_mean
+from jaxrl_agents.objectives.losses.entropy import entropy_bonus, entropy_from_logits
+from jaxrl_agents.objectives.losses.kl import (
     forward_kl_from_logits,
     kl_from_logits,
     kl_k1,
@@ -26,7 +26,7 @@ from jaxrl_agents.losses.kl import (
     kl_reward_penalty,
     reverse_kl_from_logits,
 )
-from jaxrl_agents.losses.kl_control import (
+from jaxrl_agents.objectives.losses.kl_control import (
     KLController,
     KLControllerState,
     accuracy_conditioned_beta,
@@ -34,8 +34,13 @@ from jaxrl_agents.losses.kl_control import (
     adaptive_kl_controller,
     fixed_kl_controller,
 )
-from jaxrl_agents.losses.policy_gradient import cispo_loss, gspo_loss, ppo_loss, reinforce_loss
-from jaxrl_agents.losses.preference import (
+from jaxrl_agents.objectives.losses.policy_gradient import (
+    cispo_loss,
+    gspo_loss,
+    ppo_loss,
+    reinforce_loss,
+)
+from jaxrl_agents.objectives.losses.preference import (
     bradley_terry_loss,
     cpl_loss,
     dpo_loss,
@@ -45,8 +50,8 @@ from jaxrl_agents.losses.preference import (
     sft_nll,
     spo_win_rate_rewards,
 )
-from jaxrl_agents.losses.token_controls import covariance_clip_mask, entropy_gate_mask
-from jaxrl_agents.losses.value import clipped_value_loss
+from jaxrl_agents.objectives.losses.token_controls import covariance_clip_mask, entropy_gate_mask
+from jaxrl_agents.objectives.losses.value import clipped_value_loss
 
 __all__ = [
     "KLController",

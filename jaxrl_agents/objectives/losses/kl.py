@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses._checks import check_bt, check_same_shape
-from jaxrl_agents.losses.aggregation import aggregate
+from jaxrl_agents.objectives.losses._checks import check_bt, check_same_shape
+from jaxrl_agents.objectives.losses.aggregation import aggregate
 
 
 @registry.register("kl", "k1")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses._checks import check_bt
+from jaxrl_agents.objectives.losses._checks import check_bt
 
 
 def denominator(mask: jax.Array, mode: str = "token-mean",

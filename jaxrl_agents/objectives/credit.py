@@ -25,8 +25,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents import advantages as advantages_lib
-from jaxrl_agents.losses._checks import check_bt, check_rank, check_same_shape
+from jaxrl_agents.objectives import advantages as advantages_lib
+from jaxrl_agents.objectives.losses._checks import check_bt, check_rank, check_same_shape
 
 _SCOPES = ("batch", "group", "none")
 

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses import entropy as entropy_lib
-from jaxrl_agents.losses import kl as kl_lib
-from jaxrl_agents.losses import off_policy, token_controls
-from jaxrl_agents.losses.aggregation import aggregate, masked_mean
+from jaxrl_agents.objectives.losses import entropy as entropy_lib
+from jaxrl_agents.objectives.losses import kl as kl_lib
+from jaxrl_agents.objectives.losses import off_policy, token_controls
+from jaxrl_agents.objectives.losses.aggregation import aggregate, masked_mean
 from jaxrl_agents.rollout import self_play
 
 # Token controls: which policy tokens keep their gradient (losses/token_controls.py).

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses._checks import check_bt, check_rank
-from jaxrl_agents.losses.aggregation import aggregate, masked_max, masked_mean
+from jaxrl_agents.objectives.losses._checks import check_bt, check_rank
+from jaxrl_agents.objectives.losses.aggregation import aggregate, masked_max, masked_mean
 
 # exp() of a log-ratio beyond this overflows f32 gradients; verl clamps the same way.
 _MAX_LOG_RATIO = 20.0

@@ -1,7 +1,7 @@
 """The run harness: workdir, resume, schedule, preemption and logging, for any trainer.
 
-It knows nothing of rollouts, rewards or losses. A trainer (the RL loop in
-`rl_loop`, and reward-model, preference or multi-turn trainers) gives it:
+It knows nothing of rollouts, rewards or losses. A trainer (experiments/grpo.py, ppo.py,
+and the reward-model, preference and SFT trainers, each owning its step) gives it:
 
   init_state()                        the train state pytree (checkpointed whole)
   train_step(state, rng, progress)    -> StepResult(state, record, samples)
@@ -62,9 +62,11 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxrl_agents import checkpointing, distributed, precompile, registry, sharding
-from jaxrl_agents import metrics as metrics_lib
-from jaxrl_agents import workdir as workdir_lib
+from jaxrl_agents import registry
+from jaxrl_agents.parallel import distributed, sharding
+from jaxrl_agents.train import checkpointing, precompile
+from jaxrl_agents.train import metrics as metrics_lib
+from jaxrl_agents.train import workdir as workdir_lib
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents import credit, distributed, envs, rl_loop
+from jaxrl_agents import envs, types
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import host_loop, multiturn, self_play
+from jaxrl_agents.objectives import credit
+from jaxrl_agents.parallel import distributed
+from jaxrl_agents.rollout import host_loop, multiturn, self_play, single_turn
 
 # Held-out tasks come from this key, whatever the run's seed: runs compare on the same tasks.
 EVAL_TASKS_KEY = 20_261_125
@@ -78,8 +80,8 @@ def episode_details(tok, traj) -> list[dict]:
 def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int = 1,
                failed: np.ndarray | None = None, details_traj=None,
                failures: list | None = None, shaping_gamma: float | None = None,
-               information_gain: bool = False) -> rl_loop.Rollout:
-  """The Episodes as an `rl_loop.Rollout`: rewards are returns, `correct` the success flag;
+               information_gain: bool = False) -> types.Rollout:
+  """The Episodes as an `types.Rollout`: rewards are returns, `correct` the success flag;
   `labels` names each row's task (samples.jsonl's "answer").
 
   With `shaping_gamma`, the turn rewards the update reads are potential-shaped
@@ -120,7 +122,7 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   info = {k: distributed.to_host(v).astype(np.float32) for k, v in eps.info.items()}
   correct = (info["success"] > 0).astype(np.float32) if "success" in info \
       else (rewards > 0).astype(np.float32)
-  return rl_loop.Rollout(
+  return types.Rollout(
       traj=traj, examples=[{"answer": label} for label in labels],
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
       completions=[_text(tok, row[lp:], m[lp:]) for row, m in zip(tokens, valid, strict=True)],
@@ -175,7 +177,7 @@ def _labels(tasks, group_size: int) -> list[str]:
   return [str(t) for t in np.repeat(first, group_size, axis=0).tolist()]
 
 
-def _eval_record(r: rl_loop.Rollout, eps: multiturn.Episodes) -> dict[str, float]:
+def _eval_record(r: types.Rollout, eps: multiturn.Episodes) -> dict[str, float]:
   return {"accuracy": float(r.correct.mean()), "reward_mean": float(r.rewards.mean()),
           **episode_metrics(eps)}
 
@@ -211,7 +213,7 @@ def make(config, model: zoo.Model):
     return _make_self_play(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None,
                                      getattr(env, "preamble", ()))
-  sampling = rl_loop.sampling_from_config(config, tok)
+  sampling = single_turn.sampling_from_config(config, tok)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
 
   def collect(params, examples, rng):
@@ -235,7 +237,7 @@ def _step_tasks(config, sample_tasks, rng: jax.Array) -> tuple[Any, jax.Array]:
 def _evaluator(config, model: zoo.Model, env, template: multiturn.TurnTemplate, turns: int):
   """evaluate(params) -> (record, samples): greedy episodes of the fixed held-out tasks."""
   tok = model.tokenizer
-  greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
+  greedy = single_turn.sampling_from_config(config, tok, greedy=True)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
   eval_tasks = sample_tasks(jax.random.split(jax.random.key(EVAL_TASKS_KEY), config.eval_size))
 
@@ -252,7 +254,7 @@ def _evaluator(config, model: zoo.Model, env, template: multiturn.TurnTemplate, 
       eps = jax.tree.map(lambda x, n=n: x[:n], eps)
       r = to_rollout(tok, eps, _labels(jax.tree.map(lambda x, n=n: x[:n], tasks), 1))
       records.append((n, _eval_record(r, eps)))
-      samples += rl_loop.rollout_samples(r)
+      samples += records.rollout_samples(r)
     return _weighted(records), samples
 
   return evaluate
@@ -268,7 +270,7 @@ def _make_self_play(config, model: zoo.Model, env):
   self_play.check_env(env)
   tok = model.tokenizer
   template = multiturn.turn_template(tok, config.get("system_prompt") or None)
-  sampling = rl_loop.sampling_from_config(config, tok)
+  sampling = single_turn.sampling_from_config(config, tok)
   sample_tasks = jax.jit(jax.vmap(env.sample_task))
 
   def collect(params, examples, rng):
@@ -343,8 +345,8 @@ def _check_credit(config, env) -> float | None:
 def _make_host(config, model: zoo.Model, env):
   """(collect, evaluate, data) for a host environment (`rollout.host_loop`)."""
   tok = model.tokenizer
-  sampling = rl_loop.sampling_from_config(config, tok)
-  greedy = rl_loop.sampling_from_config(config, tok, greedy=True)
+  sampling = single_turn.sampling_from_config(config, tok)
+  greedy = single_turn.sampling_from_config(config, tok, greedy=True)
   system = config.get("system_prompt") or None
   options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
                  step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system,
@@ -375,7 +377,7 @@ def _make_host(config, model: zoo.Model, env):
       tasks = eval_tasks[start:start + config.eval_batch_size]
       r, out = play(params, tasks, jax.random.key(0), greedy, 1)
       records.append((len(tasks), {**_eval_record(r, out.episodes), **out.counters}))
-      samples += rl_loop.rollout_samples(r)
+      samples += records.rollout_samples(r)
     return _weighted(records), samples
 
   return collect, evaluate, NoData()

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxrl_agents import distributed
+from jaxrl_agents.parallel import distributed
 
 log = logging.getLogger(__name__)
 

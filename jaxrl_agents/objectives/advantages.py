@@ -10,7 +10,7 @@ registry.get("component_advantage", "gdpo")(rewards, weights)  # f32[P, G, M], f
 registry.get("token_advantage", "gae")(rewards, values, dones) # f32[B, T] x3 -> (adv, returns)
 ```
 Turn-level credit (turn rewards to token advantages, information gain,
-potential-based shaping, ...) lives in `jaxrl_agents.credit`.
+potential-based shaping, ...) lives in `jaxrl_agents.objectives.credit`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agents import registry
-from jaxrl_agents.losses._checks import check_rank, check_same_shape
+from jaxrl_agents.objectives.losses._checks import check_rank, check_same_shape
 
 
 def no_spread(x: jax.Array, axis=None, mask: jax.Array | None = None) -> jax.Array:
@@ -238,7 +238,7 @@ def generalized_advantage_estimation(
   Token level: steps are tokens of `[B, T]` and the outcome reward sits on the
   last policy token (set `dones` there; padding after it is ignored). Turn level:
   pass `[B, K]` turn rewards and values; broadcast the result to tokens with
-  `jaxrl_agents.credit.turn_rewards_to_token_advantages(..., scope="none")`.
+  `jaxrl_agents.objectives.credit.turn_rewards_to_token_advantages(..., scope="none")`.
   lam = 1 gives the Monte-Carlo return minus V; lam = 0 the TD error.
 
   Args:

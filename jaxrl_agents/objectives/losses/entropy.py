@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.losses._checks import check_bt
-from jaxrl_agents.losses.aggregation import aggregate
+from jaxrl_agents.objectives.losses._checks import check_bt
+from jaxrl_agents.objectives.losses.aggregation import aggregate
 
 
 def softmax_terms(logits: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

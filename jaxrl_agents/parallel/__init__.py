@@ -1,0 +1,1 @@
+"""Device meshes and sharding rules; several processes through jax.distributed."""

@@ -1,0 +1,131 @@
+"""Export a model as a Hugging Face directory that transformers and vLLM load.
+
+  python -m jaxrl_agents.tools.export --model smollm2-135m-instruct --out /tmp/smollm2_hf
+  python -m jaxrl_agents.tools.export --workdir runs/grpo_arithmetic --out /tmp/trained_hf
+
+Writes config.json, model.safetensors (float32) and the tokenizer files. With
+--workdir, the policy comes from the training run's latest readable checkpoint
+and the architecture and tokenizer from the run's model (its config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+
+from jaxrl_agents.models import zoo
+from jaxrl_agents.train import checkpointing
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python -m jaxrl_agents.tools.export", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--model", default=None,
+                 help="preset name, Hugging Face directory or .gguf file (default: the run's "
+                      f"model with --workdir, else {zoo.DEFAULT_MODEL})")
+  p.add_argument("--workdir", default=None, help="a training run directory to export from")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+  return p.parse_args(argv)
+
+
+# What an export directory holds, by exact name; --overwrite replaces only a
+# directory of these, so a mistyped --out (a home directory, a dataset) or a
+# file of the user's that merely looks similar is never deleted.
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors",
+                "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
+                "added_tokens.json")
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def _check_replaceable(out: str) -> None:
+  foreign = sorted(name for name in os.listdir(out)
+                   if os.path.isdir(os.path.join(out, name))
+                   or not (name in EXPORT_FILES or _SHARD.fullmatch(name)))
+  if foreign:
+    raise SystemExit(f"--out {out!r} holds {', '.join(foreign[:5])}, which an export does not "
+                     "write; --overwrite only replaces a previous export. Choose another --out")
+
+
+def _write_clean(out: str, write) -> None:
+  """Runs write(dir) into a fresh directory that then takes the place of `out`.
+
+  The old directory is renamed away before the new one moves in, and deleted
+  last: a failure at any point leaves either the old export or the new one.
+  """
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  # mkdtemp makes a private (0700) directory: give the export the permissions a
+  # plain mkdir would (or the replaced export's), so a server or a team can read it.
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, stat.S_IMODE(os.stat(out).st_mode) if os.path.isdir(out) else 0o777 & ~umask)
+  old = None
+  try:
+    write(tmp)
+    if os.path.exists(out):
+      old = tempfile.mkdtemp(prefix=".export-old-", dir=parent)
+      os.rename(out, os.path.join(old, "previous"))
+    os.rename(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if old is not None and not os.path.exists(out):
+      os.rename(os.path.join(old, "previous"), out)
+    raise
+  finally:
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+
+
+def _out_dir(out: str) -> str:
+  """The real directory --out names (symlinks followed, '.' and relative paths resolved)."""
+  if not out.strip():
+    raise SystemExit("--out must name a directory")
+  real = os.path.realpath(out)
+  if os.path.exists(real) and not os.path.isdir(real):
+    raise SystemExit(f"--out {out!r} is a file, not a directory")
+  if real == os.path.realpath(os.getcwd()) or real == os.path.dirname(real):
+    # Swapping out the working directory (or /) would leave the shell in a deleted one.
+    raise SystemExit(f"--out {out!r} is the current (or root) directory; name the export's "
+                     "own directory")
+  return real
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                      format="%(asctime)s %(levelname)s %(message)s")
+  out = _out_dir(args.out)
+  if os.path.isdir(out) and os.listdir(out):
+    if not args.overwrite:
+      raise SystemExit(f"--out {args.out!r} exists and is not empty; pass --overwrite")
+    _check_replaceable(out)
+  if args.workdir and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
+    raise SystemExit(f"--workdir {args.workdir!r} holds no checkpoints/ (not a training run)")
+  if args.workdir:
+    try:
+      params, meta, step = checkpointing.latest_policy_params(args.workdir)
+    except FileNotFoundError as e:
+      raise SystemExit(f"--workdir {args.workdir!r}: {e}") from None
+    model = zoo.load(args.model or meta["config"]["model"])
+    zoo.check_params(params, model.cfg, args.workdir)
+    model.params = params
+    source = f"{args.workdir} (step {step})"
+  else:
+    model = zoo.load(args.model or zoo.DEFAULT_MODEL)
+    source = model.name
+  _write_clean(out, lambda d: zoo.save_hf_dir(model, d))
+  logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
