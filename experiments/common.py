@@ -15,10 +15,11 @@ from jaxrl_agents import data as data_lib
 from jaxrl_agents import registry
 from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.objectives import policy_objective as policy_objective_lib
 from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rewards import learned as learned_rewards
 from jaxrl_agents.rewards import time_limit
-from jaxrl_agents.rollout import single_turn
+from jaxrl_agents.rollout import self_play, single_turn
 from jaxrl_agents.train import harness, overlap
 from jaxrl_agents.train import host_memory as host_memory_lib
 from jaxrl_agents.train import optim as optim_lib
@@ -414,3 +415,33 @@ def _validate_off_policy(config) -> None:
   if config.get("policy_loss") == "gspo":
     raise ValueError("off_policy.correction weights tokens; GSPO's ratio is per sequence: "
                      "use correction='none' with gspo")
+
+
+def policy_token_budget(config) -> int:
+  """The most policy tokens an episode can hold: max_new_tokens per turn, times max_turns for
+  an environment run, of which a self-play side (advantage "rae") moves every other ply
+  (Dr. GRPO's normalizer; the budget `truncated_frac` compares with)."""
+  turns = int(config.get("max_turns", 1)) if config.get("env") else 1
+  if config.get("advantage", None) == self_play.ADVANTAGE:
+    turns = -(-turns // self_play.PLAYERS)
+  return int(config.max_new_tokens) * turns
+
+
+def objective_settings(config) -> policy_objective_lib.PolicyObjective:
+  """The PolicyObjective (objectives/policy_objective.py) of an RL experiment's config."""
+  control = config.get("token_control", None)
+  correction = config.get("off_policy", None)
+  return policy_objective_lib.PolicyObjective(
+      policy_loss=config.policy_loss,
+      loss_kwargs=policy_objective_lib.loss_hyperparameters(config.policy_loss, config.loss_kwargs),
+      aggregation=config.aggregation,
+      normalizer=float(policy_token_budget(config)),
+      kl=config.kl_estimator,
+      kl_on=config.kl_coef > 0,
+      entropy_coef=float(config.entropy_coef),
+      temperature=float(config.temperature),
+      token_control=control.name if control else "none",
+      token_control_frac=float(control.frac) if control else 0.0,
+      token_control_per_sequence=bool(control.per_sequence) if control else False,
+      off_policy_correction=correction.correction if correction else "none",
+      off_policy_cap=float(correction.cap) if correction else 2.0)

@@ -37,13 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common, preference_data
+from jaxrl_agents import data as data_lib
 from jaxrl_agents.data import make_loader, preferences
 from jaxrl_agents.models import reward_model as rm_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import losses
 from jaxrl_agents.objectives.losses import preference as preference_lib
 from jaxrl_agents.parallel import distributed, sharding
-from jaxrl_agents.rollout import scoring, shapes
+from jaxrl_agents.rollout import scoring
 from jaxrl_agents.train import harness
 from jaxrl_agents.train import optim as optim_lib
 
@@ -211,7 +212,7 @@ class PreferenceTrainer:
     if self._held_batches is None:
       bs, held = self.config.score_batch_size, self.held_pairs
       self._held_batches = [(self.batch(padded)[0], n)
-                            for _, n, padded in shapes.padded_batches(held, bs)]
+                            for _, n, padded in data_lib.padded_batches(held, bs)]
     return self._held_batches
 
   def evaluate(self, state: DPOState) -> tuple[dict, list[dict]]:

@@ -244,7 +244,7 @@ def settings_from_config(config) -> GRPOSettings:
                      "samples of one update: one step could move beta by more than 20% (and "
                      "below zero)")
   settings = GRPOSettings(
-      objective=objective_lib.from_config(config),
+      objective=common.objective_settings(config),
       advantage=config.advantage,
       advantage_kwargs=tuple(sorted(dict(config.advantage_kwargs).items())),
       component_weights=tuple(common.reward_weights(config).items()),
@@ -864,7 +864,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     metrics = jax.device_get(metrics)
     record = records.step_record(
         r, {**extra, **scored}, metrics, group_size=config.group_size,
-        policy_token_budget=objective_lib.policy_token_budget(config),
+        policy_token_budget=common.policy_token_budget(config),
         epochs=config.get("epochs", 1),
         skipped_updates=optim_lib.nonfinite_count(state)[1], rollout_s=rollout_s,
         update_s=time.perf_counter() - t0, wait_s=wait_s)

@@ -106,7 +106,7 @@ def settings_from_config(config) -> PPOSettings:
   if config.critic not in CRITICS:
     raise ValueError(f"config.critic must be one of {CRITICS}, got {config.critic!r}")
   return PPOSettings(
-      objective=dataclasses.replace(objective_lib.from_config(config), kl_on=False),
+      objective=dataclasses.replace(common.objective_settings(config), kl_on=False),
       critic=config.critic, gamma=float(config.gamma), gae_lambda=float(config.gae_lambda),
       normalize_advantages=bool(config.normalize_advantages), vf_coef=float(config.vf_coef),
       value_clip=float(config.value_clip), kl_coef=float(config.kl_coef),
@@ -298,7 +298,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     metrics = jax.device_get(metrics)
     record = records.step_record(
         r, extra, metrics, group_size=config.group_size,
-        policy_token_budget=objective_lib.policy_token_budget(config),
+        policy_token_budget=common.policy_token_budget(config),
         epochs=config.get("epochs", 1), skipped_updates=optim_lib.nonfinite_count(state)[1],
         rollout_s=rollout_s, update_s=time.perf_counter() - t1)
     return harness.StepResult(state, watch(record), records.rollout_samples(r))

@@ -43,6 +43,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from jaxrl_agents import data as data_lib
 from jaxrl_agents import registry
 from jaxrl_agents.data import arithmetic, preferences
 from jaxrl_agents.data.jsonl import read_objects
@@ -51,7 +52,7 @@ from jaxrl_agents.models import zoo
 from jaxrl_agents.parallel import distributed
 from jaxrl_agents.rewards import answers
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import shapes, single_turn
+from jaxrl_agents.rollout import single_turn
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,8 @@ def sample_replies(model: zoo.Model, examples, *, config, temperature: float, gr
       stop_tokens=tokenizer_lib.stop_token_ids(tok), pad_id=tok.pad_token_id)
   grade = grader(config)
   prompts, replies, verdicts = [], [], []
-  for start, n, padded in tqdm(shapes.padded_batches(examples, g.batch_prompts), desc=desc,
-                               unit="batch", total=shapes.num_batches(examples, g.batch_prompts),
+  for start, n, padded in tqdm(data_lib.padded_batches(examples, g.batch_prompts), desc=desc,
+                               unit="batch", total=data_lib.num_batches(examples, g.batch_prompts),
                                disable=not progress):
     s = single_turn.sample(model.params if params is None else params, model, padded,
                            jax.random.key(seed + start), group_size=group_size, sampling=sampling,

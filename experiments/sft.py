@@ -42,7 +42,7 @@ from jaxrl_agents.data.jsonl import read_objects
 from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import losses
 from jaxrl_agents.parallel import sharding
-from jaxrl_agents.rollout import scoring, shapes, single_turn
+from jaxrl_agents.rollout import scoring, single_turn
 from jaxrl_agents.train import harness
 from jaxrl_agents.train import optim as optim_lib
 
@@ -140,7 +140,7 @@ class SFTTrainer:
     record, samples = {}, []
     if self.held_rows:
       bs, tokens, nll = self.config.batch_size, 0.0, 0.0
-      for _, n, padded in shapes.padded_batches(self.held_rows, bs):
+      for _, n, padded in data_lib.padded_batches(self.held_rows, bs):
         batch, _ = self._encode(padded)
         keep = np.arange(bs) < n  # the padding rows carry no loss
         batch = batch._replace(reply=batch.reply & jnp.asarray(keep)[:, None])

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import preference_data
+from jaxrl_agents import data as data_lib
 from jaxrl_agents.data import preferences
 from jaxrl_agents.data import steps as steps_lib
 from jaxrl_agents.data.jsonl import read_objects
@@ -37,7 +38,7 @@ from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.rewards import process_rewards
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import shapes, single_turn
+from jaxrl_agents.rollout import single_turn
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ def sampler_continuations(model: zoo.Model, config, *, seed: int, desc: str,
   def continue_fn(prompts, prefixes):
     out = []
     pairs = list(zip(prompts, prefixes, strict=True))
-    for start, n, batch in tqdm(shapes.padded_batches(pairs, g.batch_prompts), desc=desc,
-                                unit="batch", total=shapes.num_batches(pairs, g.batch_prompts),
+    for start, n, batch in tqdm(data_lib.padded_batches(pairs, g.batch_prompts), desc=desc,
+                                unit="batch", total=data_lib.num_batches(pairs, g.batch_prompts),
                                 disable=not progress):
       rows = []
       for p, x in batch:  # one compiled batch size: the last batch padded

@@ -16,7 +16,8 @@ Builders (no TensorFlow needed; array_record files read as random-access sources
 from jaxrl_agents.data.arithmetic import Arithmetic, ArithmeticConfig
 from jaxrl_agents.data.countdown import Countdown, CountdownConfig
 from jaxrl_agents.data.jsonl import load_jsonl
-from jaxrl_agents.data.loader import make_loader
+from jaxrl_agents.data.loader import make_loader, num_batches, padded_batches
+from jaxrl_agents.data.prompts import format_prompts
 from jaxrl_agents.data.tasks import (
     BUILDERS,
     TaskSource,
@@ -34,9 +35,12 @@ __all__ = [
     "CountdownConfig",
     "TaskSource",
     "default_data_dir",
+    "format_prompts",
     "load_jsonl",
     "load_task",
     "make_loader",
+    "num_batches",
+    "padded_batches",
     "prepare",
     "task_names",
 ]

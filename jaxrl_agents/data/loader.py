@@ -27,10 +27,12 @@ built with the same arguments.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grain
+
+T = TypeVar("T")
 
 
 def _as_list(examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -99,3 +101,19 @@ def make_loader(
   if read_options is None:
     read_options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   return iter(dataset.to_iter_dataset(read_options))
+
+
+def padded_batches(items: Sequence[T], batch_size: int) -> Iterator[tuple[int, int, list[T]]]:
+  """(start, real rows, batch) over `items` in batches of `batch_size`: the last padded with
+  copies of its first item, so every batch has one shape (one compiled program). Callers keep
+  the first `real rows` results of each batch."""
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  for start in range(0, len(items), batch_size):
+    chunk = list(items[start:start + batch_size])
+    yield start, len(chunk), chunk + [chunk[0]] * (batch_size - len(chunk))
+
+
+def num_batches(items: Sequence[Any], batch_size: int) -> int:
+  """How many batches `padded_batches` yields (for a progress bar's total)."""
+  return -(-len(items) // batch_size)

@@ -29,7 +29,6 @@ from jaxrl_agents.objectives.losses import entropy as entropy_lib
 from jaxrl_agents.objectives.losses import kl as kl_lib
 from jaxrl_agents.objectives.losses import off_policy, token_controls
 from jaxrl_agents.objectives.losses.aggregation import aggregate, masked_mean
-from jaxrl_agents.rollout import self_play
 
 # Token controls: which policy tokens keep their gradient (losses/token_controls.py).
 TOKEN_CONTROLS = ("none", "covariance_clip", "entropy_gate")
@@ -118,36 +117,6 @@ def loss_hyperparameters(policy_loss: str, per_loss: Mapping[str, Mapping[str, A
     if name in kwargs and kwargs[name] == off:
       kwargs[name] = None
   return tuple(sorted(kwargs.items()))
-
-
-def policy_token_budget(config) -> int:
-  """The most policy tokens an episode can hold: max_new_tokens per turn, times max_turns for
-  an environment run, of which a self-play side (advantage "rae") moves every other ply
-  (Dr. GRPO's normalizer; the budget `truncated_frac` compares with)."""
-  turns = int(config.get("max_turns", 1)) if config.get("env") else 1
-  if config.get("advantage", None) == self_play.ADVANTAGE:
-    turns = -(-turns // self_play.PLAYERS)
-  return int(config.max_new_tokens) * turns
-
-
-def from_config(config) -> PolicyObjective:
-  """The PolicyObjective of an RL experiment's config (see experiments/configs/)."""
-  control = config.get("token_control", None)
-  correction = config.get("off_policy", None)
-  return PolicyObjective(
-      policy_loss=config.policy_loss,
-      loss_kwargs=loss_hyperparameters(config.policy_loss, config.loss_kwargs),
-      aggregation=config.aggregation,
-      normalizer=float(policy_token_budget(config)),
-      kl=config.kl_estimator,
-      kl_on=config.kl_coef > 0,
-      entropy_coef=float(config.entropy_coef),
-      temperature=float(config.temperature),
-      token_control=control.name if control else "none",
-      token_control_frac=float(control.frac) if control else 0.0,
-      token_control_per_sequence=bool(control.per_sequence) if control else False,
-      off_policy_correction=correction.correction if correction else "none",
-      off_policy_cap=float(correction.cap) if correction else 2.0)
 
 
 def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,

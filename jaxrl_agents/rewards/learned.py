@@ -34,7 +34,6 @@ import numpy as np
 from jaxrl_agents import registry
 from jaxrl_agents.parallel import distributed
 from jaxrl_agents.rewards._checks import as_rewards, check_batch
-from jaxrl_agents.rollout import shapes
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +66,11 @@ def check_workdir(workdir: str) -> None:
 
 
 def _padded_batches(columns: Sequence[Sequence[Any]], batch_size: int):
-  """(real rows, the columns' next batch_size rows) of `shapes.padded_batches` over the
+  """(real rows, the columns' next batch_size rows) of `data.padded_batches` over the
   columns' rows, so every batch has one shape and repeated scoring compiles a few."""
-  for _, rows, batch in shapes.padded_batches(list(zip(*columns, strict=True)), batch_size):
+  from jaxrl_agents.data import loader
+
+  for _, rows, batch in loader.padded_batches(list(zip(*columns, strict=True)), batch_size):
     yield rows, [list(c) for c in zip(*batch, strict=True)]
 
 
@@ -188,9 +189,9 @@ class LearnedReward:
   def __call__(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]],
                template: str | None = None) -> np.ndarray:
     """Rewards of completions to the prompts `template` (default: the run's) makes."""
-    from jaxrl_agents.rollout import single_turn
+    from jaxrl_agents.data import prompts
 
-    return self.score(single_turn.format_prompts(examples, template or self.template),
+    return self.score(prompts.format_prompts(examples, template or self.template),
                       completions)
 
   def __reduce__(self):

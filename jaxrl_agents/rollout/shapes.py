@@ -11,8 +11,6 @@ data are rounded to a few values. The rules, each for a reason:
   with the first words of the questions.
 - `power_of_two`: batch sizes, token budgets and the completion columns an
   update trains on (the longest completion) round up to a power of two.
-- `padded_batches`: data scored or sampled in batches of a fixed size, the last
-  padded with copies of its first row, so the batch dimension has one shape.
 - `half_octave`: the packed reply tokens of a GRPO update (`config.pack_replies`)
   round up to a power of two or 1.5 times one: at most a third of padding, and
   a handful of compiled programs as replies shorten over a run.
@@ -21,10 +19,6 @@ data are rounded to a few values. The rules, each for a reason:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
-
-T = TypeVar("T")
 
 PROMPT_MULTIPLE = 16
 PREFIX_MULTIPLE = 8
@@ -65,20 +59,3 @@ def half_octaves_below(n: int, count: int, minimum: int = 16) -> list[int]:
     values.append(v)
     v = half_octave(v + 1, minimum)
   return values[::-1][:count]
-
-
-def padded_batches(items: Sequence[T], batch_size: int) -> Iterator[tuple[int, int, list[T]]]:
-  """(start, real rows, batch) over `items` in batches of `batch_size`: the last padded with
-  copies of its first item, so every batch has one shape (one compiled program). Callers keep
-  the first `real rows` results of each batch."""
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-  for start in range(0, len(items), batch_size):
-    chunk = list(items[start:start + batch_size])
-    yield start, len(chunk), chunk + [chunk[0]] * (batch_size - len(chunk))
-
-
-def num_batches(items: Sequence[Any], batch_size: int) -> int:
-  """How many batches `padded_batches` yields (for a progress bar's total)."""
-  return -(-len(items) // batch_size)
-

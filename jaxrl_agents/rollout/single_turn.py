@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import types
+from jaxrl_agents.data.loader import padded_batches
+from jaxrl_agents.data.prompts import format_prompts
 from jaxrl_agents.models import tokenizer as tokenizer_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import credit
@@ -50,18 +52,6 @@ class Samples:
   prompts: list[str]
   completions: list[str]
   prompts_truncated: np.ndarray | None = None
-
-
-def format_prompts(examples: Sequence[Mapping[str, Any]], template: str) -> list[str]:
-  """The user message of each example: `template` formatted with the example's fields."""
-  out = []
-  for i, ex in enumerate(examples):
-    try:
-      out.append(template.format(**ex))
-    except KeyError as e:
-      raise KeyError(f"prompt template {template!r} needs field {e} missing from example {i} "
-                     f"(fields: {sorted(ex)})") from None
-  return out
 
 
 # What happens to a prompt that leaves too little context for the completion
@@ -350,7 +340,7 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
       stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
       pad_id=model.tokenizer.pad_token_id, compact_min_rows=compact_min_rows)
   completions, used, prompts_truncated = [], [], 0
-  for _, n, padded in shapes.padded_batches(examples, batch_size):
+  for _, n, padded in padded_batches(examples, batch_size):
     s = sample(params, model, padded, jax.random.key(0), group_size=1,
                            sampling=sampling, template=template, chat=chat, system=system,
                            overflow=overflow)
