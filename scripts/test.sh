@@ -22,52 +22,58 @@ fi
 #
 # The groups run in two lanes side by side (TEST_LANES=1: one after the other). Most of
 # a test's time is XLA compiling, which uses one core, so one lane leaves the second core
-# of a 2-core machine mostly idle. On a 2-core Zen 4 (2026-11-28) the whole suite took
-# 2762 s in two lanes against about 3370 s in one. Each lane's output is kept in a file
-# and printed when the lane ends; each group's exit line is printed as the group ends.
+# of a 2-core machine mostly idle. The groups and lanes are balanced by each file's
+# measured time (scripts/test_groups.py, tests/durations.json), not by file name; each
+# lane's output is kept in a file and printed when the lane ends, and each group's exit
+# line is printed as the group ends.
 run_group() {
-  local files=(tests/test_$1*.py) rc=0 start=$SECONDS
+  local label=$1 rc=0 start=$SECONDS
+  shift
   # --durations: the slowest tests of each group in the CI log, to keep the suite's time in view.
   local pytest=(.venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider --durations=8)
-  "${pytest[@]}" "${files[@]}" || rc=$?
+  "${pytest[@]}" "$@" || rc=$?
   if [ "$rc" -ge 128 ]; then
-    echo "scripts/test.sh: the test process of ${files[*]} died from signal $((rc - 128));" \
+    echo "scripts/test.sh: the test process of group $label died from signal $((rc - 128));" \
          "running that group once more"
     rc=0
-    "${pytest[@]}" "${files[@]}" || rc=$?
+    "${pytest[@]}" "$@" || rc=$?
   fi
   # To fd 3, the script's own stdout: in two lanes it shows at once, not with the lane's log.
-  echo "scripts/test.sh: tests/test_$1*.py: exit status $rc, $((SECONDS - start)) s" >&3
+  echo "scripts/test.sh: group $label ($# files): exit status $rc, $((SECONDS - start)) s" >&3
   return "$rc"
 }
 lane() {
-  local status=0 group
-  for group in "$@"; do run_group "$group" || status=1; done
+  local status=0 lane_id=$1 line group=0
+  while read -r line_lane estimate files; do
+    group=$((group + 1))
+    [ "$line_lane" = "$lane_id" ] || continue
+    # shellcheck disable=SC2086  # the file names are words
+    run_group "$lane_id.$group (~${estimate} s)" $files || status=1
+  done < "$groups_file"
   return $status
 }
 exec 3>&1
 # The embedded model is fetched and converted once, before the lanes could race to it.
 .venv/bin/python -c "from jaxrl_agents.models import zoo; zoo.smollm2_dir()"
-# Lanes balanced by the groups' times (seconds on a 2-core Zen 3, AVX2, in two lanes,
-# 2026-11-29, the whole suite 41 minutes):
-# [d-e] 1235, [s] 1192 | [f-m] 1090, [n-r] 712, [t-z] 518, [a-c] 125
-lane_a=("[d-e]" "[s]")
-lane_b=("[f-m]" "[n-r]" "[t-z]" "[a-c]")
+groups_file=$(mktemp)
+.venv/bin/python scripts/test_groups.py "$lanes" > "$groups_file"
 if [ "$lanes" = 1 ]; then
-  lane "${lane_a[@]}" "${lane_b[@]}"
-  exit $?
+  lane 0
+  status=$?
+  rm -f "$groups_file"
+  exit $status
 fi
 logs=$(mktemp -d)
 # Each lane its own persistent compilation cache (tests/conftest.py): the cache's writes
 # are not atomic, so two processes side by side must not share one directory.
-JAX_COMPILATION_CACHE_DIR="$PWD/.cache/jax_tests/lane_a" lane "${lane_a[@]}" > "$logs/a" 2>&1 &
+JAX_COMPILATION_CACHE_DIR="$PWD/.cache/jax_tests/lane_a" lane 0 > "$logs/a" 2>&1 &
 pid_a=$!
-JAX_COMPILATION_CACHE_DIR="$PWD/.cache/jax_tests/lane_b" lane "${lane_b[@]}" > "$logs/b" 2>&1 &
+JAX_COMPILATION_CACHE_DIR="$PWD/.cache/jax_tests/lane_b" lane 1 > "$logs/b" 2>&1 &
 pid_b=$!
 status=0
 wait "$pid_a" || status=1
-echo "=== lane 1: ${lane_a[*]}"; cat "$logs/a"
+echo "=== lane 1"; cat "$logs/a"
 wait "$pid_b" || status=1
-echo "=== lane 2: ${lane_b[*]}"; cat "$logs/b"
-rm -rf "$logs"
+echo "=== lane 2"; cat "$logs/b"
+rm -rf "$logs" "$groups_file"
 exit $status
