@@ -22,7 +22,8 @@ DEFAULT_SECONDS = 30.0
 def groups(lanes: int = 2) -> list[tuple[int, float, list[str]]]:
   with open(DURATIONS) as f:
     seconds = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
-  files = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py")))
+  files = sorted(os.path.relpath(p, ROOT)
+                 for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py")))
   bins = [[0.0, []] for _ in range(GROUPS)]
   for path in sorted(files, key=lambda p: -seconds.get(p, DEFAULT_SECONDS)):
     b = min(bins, key=lambda b: b[0])
