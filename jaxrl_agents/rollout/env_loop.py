@@ -27,6 +27,7 @@ from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import credit
 from jaxrl_agents.parallel import distributed
 from jaxrl_agents.rollout import host_loop, multiturn, self_play, single_turn
+from jaxrl_agents.rollout import records as records_lib
 
 # Held-out tasks come from this key, whatever the run's seed: runs compare on the same tasks.
 EVAL_TASKS_KEY = 20_261_125
@@ -254,7 +255,7 @@ def _evaluator(config, model: zoo.Model, env, template: multiturn.TurnTemplate, 
       eps = jax.tree.map(lambda x, n=n: x[:n], eps)
       r = to_rollout(tok, eps, _labels(jax.tree.map(lambda x, n=n: x[:n], tasks), 1))
       records.append((n, _eval_record(r, eps)))
-      samples += records.rollout_samples(r)
+      samples += records_lib.rollout_samples(r)
     return _weighted(records), samples
 
   return evaluate
@@ -377,7 +378,7 @@ def _make_host(config, model: zoo.Model, env):
       tasks = eval_tasks[start:start + config.eval_batch_size]
       r, out = play(params, tasks, jax.random.key(0), greedy, 1)
       records.append((len(tasks), {**_eval_record(r, out.episodes), **out.counters}))
-      samples += records.rollout_samples(r)
+      samples += records_lib.rollout_samples(r)
     return _weighted(records), samples
 
   return collect, evaluate, NoData()
