@@ -74,22 +74,7 @@ def validate_common(config) -> None:
                        ", a Hugging Face directory or a .gguf file")
   if not config.temperature > 0:
     raise ValueError(f"config.temperature must be > 0 for RL rollouts, got {config.temperature}")
-  if config.get("env"):
-    registry.get("env", config.env)
-    if config.get("max_turns", 1) < 1:
-      raise ValueError(f"config.max_turns must be >= 1, got {config.max_turns}")
-    if config.get("oversample", 1) != 1:
-      raise ValueError("config.oversample draws extra prompts from a dataset; an environment "
-                       "run draws its tasks each step: set oversample = 1")
-    shaping = config.get("reward_shaping", None)
-    if shaping and shaping.name != "none":
-      raise ValueError("config.reward_shaping shapes single-turn replies' rewards; an "
-                       "environment run's reward is its return: set reward_shaping.name='none'")
-    for key in ("env_obs_tokens", "env_step_timeout_s", "env_answer_tokens"):
-      if key in config and not config[key] > 0:
-        raise ValueError(f"config.{key} must be > 0, got {config[key]}")
-  elif not config.task and not config.jsonl_path:
-    raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
+  _validate_episodes(config)
   for key in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "epochs",
               "minibatches", "checkpoint_every", "keep_checkpoints"):
     if config[key] < 1:
@@ -396,6 +381,26 @@ def main(train_fn, host_memory: str = "system") -> None:
     train_fn(config.value, workdir.value)
 
   app.run(run)
+
+
+def _validate_episodes(config) -> None:
+  """Where the episodes come from: an environment (its name and sizes) or a task's prompts."""
+  if config.get("env"):
+    registry.get("env", config.env)
+    if config.get("max_turns", 1) < 1:
+      raise ValueError(f"config.max_turns must be >= 1, got {config.max_turns}")
+    if config.get("oversample", 1) != 1:
+      raise ValueError("config.oversample draws extra prompts from a dataset; an environment "
+                       "run draws its tasks each step: set oversample = 1")
+    shaping = config.get("reward_shaping", None)
+    if shaping and shaping.name != "none":
+      raise ValueError("config.reward_shaping shapes single-turn replies' rewards; an "
+                       "environment run's reward is its return: set reward_shaping.name='none'")
+    for key in ("env_obs_tokens", "env_step_timeout_s", "env_answer_tokens"):
+      if key in config and not config[key] > 0:
+        raise ValueError(f"config.{key} must be > 0, got {config[key]}")
+  elif not config.task and not config.jsonl_path:
+    raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
 
 
 def _validate_off_policy(config) -> None:

@@ -417,9 +417,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
   """Trains for config.steps steps in `workdir`, resuming from its latest checkpoint.
 
   Args:
-    config: the experiment's ConfigDict: seed, steps, the schedule keys in the
-      module docstring, samples_per_log, keep_checkpoints, tensorboard,
-      max_consecutive_nonfinite.
+    config: the experiment's ConfigDict (seed, steps, the schedule keys in the module
+      docstring, samples_per_log, keep_checkpoints, tensorboard, max_consecutive_nonfinite).
     workdir: the run directory.
     init_state: () -> the initial train state (also the structure to restore into).
     train_step: (state, rng, progress) -> StepResult. rng derives from (seed,
@@ -429,16 +428,15 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     data: the training data iterator, with get_state/set_state.
     nonfinite_count: state -> (consecutive, total) skipped non-finite updates;
       the run stops after config.max_consecutive_nonfinite in a row.
-    postfix: record keys shown on the progress bar.
-    finite_keys: record keys whose non-finite value stops the run (after it is logged).
+    postfix, finite_keys: record keys shown on the progress bar; whose non-finite value
+      stops the run (after it is logged).
     progress: show a tqdm progress bar on stderr.
     on_exit: called when the loop ends, however it ends, while the workdir is still
       locked: where a trainer stops its background work.
     resume_rules: the experiment's config keys that may change on resume, and the values
       of keys older runs lack (`ResumeRules`), beside the harness's own (`RUN_RULES`).
 
-  Returns:
-    The last eval record ({} when evaluation is off).
+  Returns the last eval record ({} when evaluation is off).
   """
   validate_run_keys(config)
   rules = RUN_RULES.merged(resume_rules or ResumeRules())
