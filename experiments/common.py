@@ -55,7 +55,7 @@ def setup_logging() -> None:
 
 def validate_common(config) -> None:
   """Checks names and sizes shared by all RL experiments before anything loads or compiles."""
-  registry.import_modules(config.get("imports", ()))  # user modules register names first
+  harness.validate_run_keys(config)  # first: it imports the user's modules (config.imports)
   for name in config.rewards:
     registry.get("reward", name)
   make_rewards(config)  # options and the combinator
@@ -90,7 +90,6 @@ def validate_common(config) -> None:
   if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
     raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
                      f"got {config.prompt_overflow!r}")
-  harness.validate_run_keys(config)
   clock = config.optimizer.get("clock", "updates")
   if clock not in optim_lib.CLOCKS:
     raise ValueError(f"config.optimizer.clock must be one of {optim_lib.CLOCKS}, got {clock!r}")
@@ -420,6 +419,12 @@ def _validate_off_policy(config) -> None:
   if config.get("policy_loss") == "gspo":
     raise ValueError("off_policy.correction weights tokens; GSPO's ratio is per sequence: "
                      "use correction='none' with gspo")
+
+
+def init_key(config) -> jax.Array:
+  """The key a train state is initialised from (a value head, a critic): a stream of the
+  seed's of its own, apart from the steps' keys (which the harness derives from the step)."""
+  return jax.random.fold_in(jax.random.key(config.seed), 0x5EED)
 
 
 def policy_token_budget(config) -> int:

@@ -849,9 +849,10 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   mesh = sharding.for_config(config)
   watch = records.NoSignalWatch()  # warns when every group ties step after step
 
+  token_budget = common.policy_token_budget(config)
+
   def init_state():
-    return grpo.init_state(model.params,
-                           jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
+    return grpo.init_state(model.params, common.init_key(config))
 
   def update_step(state, r: types.Rollout, extra, prepare_rng, update_rng, progress_fraction,
                   rollout_s: float, wait_s: float | None = None) -> harness.StepResult:
@@ -864,8 +865,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     metrics = jax.device_get(metrics)
     record = records.step_record(
         r, {**extra, **scored}, metrics, group_size=config.group_size,
-        policy_token_budget=common.policy_token_budget(config),
-        epochs=config.get("epochs", 1),
+        policy_token_budget=token_budget, epochs=config.get("epochs", 1),
         skipped_updates=optim_lib.nonfinite_count(state)[1], rollout_s=rollout_s,
         update_s=time.perf_counter() - t0, wait_s=wait_s)
     return harness.StepResult(state, watch(record), records.rollout_samples(r))

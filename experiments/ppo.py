@@ -283,14 +283,17 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   mesh = sharding.for_config(config)
   watch = records.NoSignalWatch()  # warns when the gradient is zero step after step
 
+  token_budget = common.policy_token_budget(config)
+
   def init_state():
-    return ppo.init_state(model.params, jax.random.fold_in(jax.random.key(config.seed), 0x5EED))
+    return ppo.init_state(model.params, common.init_key(config))
 
   def train_step(state, rng, progress_fraction) -> harness.StepResult:
     rollout_rng, prepare_rng, update_rng = jax.random.split(rng, 3)
     t0 = time.perf_counter()
     r, extra = collect(state.params["policy"], next(data), rollout_rng)
-    rollout_s, t1 = time.perf_counter() - t0, time.perf_counter()
+    t1 = time.perf_counter()
+    rollout_s = t1 - t0
     rows = r.traj.tokens.shape[0]  # rows split over the mesh's data x fsdp devices
     r = dataclasses.replace(r, traj=sharding.shard_batch(r.traj, mesh))
     batch = sharding.shard_batch(ppo.prepare(state, r, prepare_rng), mesh, rows=rows)
@@ -298,9 +301,9 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     metrics = jax.device_get(metrics)
     record = records.step_record(
         r, extra, metrics, group_size=config.group_size,
-        policy_token_budget=common.policy_token_budget(config),
-        epochs=config.get("epochs", 1), skipped_updates=optim_lib.nonfinite_count(state)[1],
-        rollout_s=rollout_s, update_s=time.perf_counter() - t1)
+        policy_token_budget=token_budget, epochs=config.get("epochs", 1),
+        skipped_updates=optim_lib.nonfinite_count(state)[1], rollout_s=rollout_s,
+        update_s=time.perf_counter() - t1)
     return harness.StepResult(state, watch(record), records.rollout_samples(r))
 
   run_eval = None if evaluate is None else (lambda state: evaluate(state.params["policy"]))

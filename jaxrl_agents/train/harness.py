@@ -446,12 +446,7 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
   with workdir_lib.WorkdirLock(workdir) if main else contextlib.nullcontext():
     ckpt = _start_over_if_asked(config, workdir, rules)
     try:
-      saved = ckpt.latest_meta()
-      if saved is not None:
-        check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir, rules)
-      elif not ckpt.steps() and _has_logs(workdir) and main:
-        _logs_without_checkpoint(config, workdir, rules)
-      distributed.barrier("workdir checked")
+      _check_workdir(config, workdir, ckpt, rules, main)
       r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count)
       mesh = sharding.for_config(config)  # the state lives sharded by the rules on it
       r.restore(lambda: sharding.shard(init_state(), mesh))
@@ -469,6 +464,18 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     finally:
       ckpt.close()
   return r.last_eval
+
+
+def _check_workdir(config, workdir: str, ckpt: checkpointing.Checkpointer,
+                   rules: ResumeRules, main: bool) -> None:
+  """Refuses a checkpoint of a config that computes differently, and logs that no checkpoint
+  can continue (`_logs_without_checkpoint`); every process waits for the check."""
+  saved = ckpt.latest_meta()
+  if saved is not None:
+    check_resumable(saved[1].get("config", {}), config_to_dict(config), workdir, rules)
+  elif not ckpt.steps() and _has_logs(workdir) and main:
+    _logs_without_checkpoint(config, workdir, rules)
+  distributed.barrier("workdir checked")
 
 
 def _start_over_if_asked(config, workdir: str, rules: ResumeRules
