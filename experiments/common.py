@@ -111,29 +111,22 @@ def validate_common(config) -> None:
                      f"minibatches = {config.minibatches} (or set share_prompt=False)")
 
 
-LAYOUTS = ("list", "stacked")
-
-
 def load_model(config) -> zoo.Model:
-  """The policy model; on `config.mesh` (more than one device) its weights load sharded;
-  `config.layout` "stacked" runs its layers as one lax.scan, rematerialized by
-  `config.remat` (`transformer.stack_layers`; for accelerators)."""
+  """The policy model; on `config.mesh` (more than one device) its weights load sharded,
+  laid out by `config.layout` (registry kind "layout", models/layouts.py: "stacked" runs
+  its layers as one lax.scan, rematerialized by `config.remat`; for accelerators)."""
   layout, remat = config.get("layout", "list"), config.get("remat", "none")
-  if layout not in LAYOUTS:
-    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  registry.check_name("layout", layout, "layout")
   if remat not in transformer.REMAT_POLICIES:
     raise ValueError(f"remat must be one of {sorted(transformer.REMAT_POLICIES)}, got "
                      f"{remat!r}")
   if remat != "none" and layout != "stacked":
     raise ValueError(f"remat={remat!r} applies to the stacked layout; set layout='stacked'")
   model = zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
-  if layout == "stacked":
-    if not isinstance(model.cfg, transformer.TransformerConfig):
-      raise ValueError(f"layout='stacked' is the project's transformer's; {config.model!r} is "
-                       f"a {type(model.cfg).__name__}")
-    model.params = transformer.stack_layers(model.params)
-    model.cfg = model.cfg.replace(remat=remat)
-  return model
+  try:
+    return registry.get("layout", layout)(model, remat=remat)
+  except ValueError as e:
+    raise ValueError(f"{e} (config.model {config.model!r})") from None
 
 
 def task_examples(config):
@@ -160,16 +153,6 @@ def _jsonl_examples(path: str) -> list[dict]:
   return [row if "question" in row else {**row, "question": row["prompt"]} for row in rows]
 
 
-# How config.rewards' components make the total (config.reward_combinator.name; see
-# jaxrl_agents/rewards/combine.py):
-#   sum            sum_m w_m r_m
-#   lexicographic  the first component decides, then the second, ... (weights ignored;
-#                  every component in [0, 1], values of each at least `min_gap` apart)
-#   gated          w_0 r_0 + w_1 r_1 [r_0 >= threshold]: the second counts only where the
-#                  first passes
-REWARD_COMBINATORS = ("sum", "lexicographic", "gated")
-
-
 def reward_weights(config) -> dict[str, float]:
   """{reward name: weight} of config.rewards, in its order ({name: w} or {name: {weight: w}})."""
   return {name: float(v.get("weight", 1.0) if hasattr(v, "items") else v)
@@ -189,7 +172,8 @@ def make_rewards(config):
   if limit < 0:
     raise ValueError(f"config.reward_time_limit_s must be >= 0 (0 turns it off), got {limit}")
   spec = config.get("reward_combinator", None)
-  combinator = spec.name if spec else "sum"
+  combinator = spec.name if spec else "sum"  # registry kind "reward_combinator"
+  registry.check_name("reward_combinator", combinator, "reward_combinator.name")
   learned_spec = {k: v for k, v in config.rewards.items() if learned_rewards.is_learned(k)}
   verifiable_spec = {k: v for k, v in config.rewards.items() if k not in learned_spec}
   if trains_reward_model(config) and "reward_model" in learned_spec:
@@ -213,21 +197,8 @@ def make_rewards(config):
     return (learned or no_rewards,
             lambda completions, examples: np.asarray(grade(completions, examples)))
   weighted = rewards_lib.from_config(verifiable_spec)  # options bound, names checked
-  parts = list(weighted.components)
-  weights = reward_weights(config)
-  if combinator == "sum":
-    reward_fn = weighted
-  elif combinator == "lexicographic":
-    reward_fn = rewards_lib.lexicographic(parts, min_gap=spec.min_gap)
-  elif combinator == "gated":
-    if len(parts) != 2:
-      raise ValueError(f"reward_combinator 'gated' needs exactly two rewards (gate first), "
-                       f"got {list(weights)}")
-    (gate, _), (child, _) = parts
-    reward_fn = rewards_lib.gated(parts[0], parts[1], parent_weight=weights[gate],
-                                  child_weight=weights[child], threshold=spec.threshold)
-  else:
-    raise ValueError(f"reward_combinator must be one of {REWARD_COMBINATORS}, got {combinator!r}")
+  reward_fn = registry.get("reward_combinator", combinator)(
+      weighted, **registry.options("reward_combinator", combinator, spec or {}))
   if limit:
     reward_fn = time_limit.TimeLimited(reward_fn, limit)
   if learned is not None:

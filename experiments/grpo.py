@@ -41,7 +41,7 @@ from jaxrl_agents.objectives.losses import aggregation as aggregation_lib
 from jaxrl_agents.objectives.losses import kl as kl_lib
 from jaxrl_agents.objectives.losses import kl_control
 from jaxrl_agents.parallel import distributed, sharding
-from jaxrl_agents.rollout import groups, records, scoring, self_play, shapes, single_turn
+from jaxrl_agents.rollout import groups, packing, records, scoring, self_play
 from jaxrl_agents.train import harness, overlap, precompile
 from jaxrl_agents.train import optim as optim_lib
 
@@ -123,10 +123,10 @@ class GRPOSettings:
       (every row of a group whose rewards tie) and scales its loss so that its
       gradient is the one of training on them (`without_zero_advantage_rows`): the
       same step, for the other rows' compute only.
-    kl_controller: "fixed", "adaptive" or "accuracy" (see KL_CONTROLLERS).
+    kl_controller: a registered "kl_controller" (fixed, adaptive, accuracy).
     kl_controller_kwargs: its hyperparameters, sorted (name, value) pairs.
     kl_coef: the fixed (or initial) KL coefficient.
-    turn_credit: how an episode's advantage reaches its turns (TURN_CREDITS).
+    turn_credit: how an episode's advantage reaches its turns (a registered "turn_credit").
     turn_gamma: the discount per turn of turn-level returns (and of shaping).
     step_weight: GiGPO's weight of the step-group advantage.
     behavior_logp: the loss reads the sampler's log-probabilities (`config.overlap`, or an
@@ -178,34 +178,6 @@ class GRPOSettings:
     return self.advantage in registry.names("component_advantage")
 
 
-# KL-coefficient controllers by config name, and the hyperparameters each takes.
-KL_CONTROLLERS = {
-    "fixed": (lambda kl_coef: kl_control.fixed_kl_controller(kl_coef), ()),
-    "adaptive": (lambda kl_coef, target, horizon:
-                 kl_control.adaptive_kl_controller(kl_coef, target, horizon),
-                 ("target", "horizon")),
-    "accuracy": (lambda kl_coef, beta_min, shape:
-                 kl_control.accuracy_conditioned_kl_controller(beta_min, kl_coef, shape),
-                 ("beta_min", "shape")),
-}
-# The controllers whose update reads the observed KL (a step that measured none leaves them).
-READS_KL = frozenset({"adaptive"})
-
-
-# How the advantage of a multi-turn episode reaches its tokens (config.turn_credit.name):
-#   episode: every token of an episode gets its episode's advantage (the registered
-#     group estimator over returns).
-#   turn: IGPO's dense form ("Information Gain-based Policy Optimization"): the turn
-#     rewards are standardized over the valid turns of the group, then each turn gets
-#     its discounted return-to-go of them.
-#   gigpo: "Group-in-Group Policy Optimization": the episode advantage plus step_weight
-#     times the step-group advantage (turns taken from the same environment state,
-#     compared by discounted return; the environment must have `state_key`).
-#   igpo: "Information Gain-based Policy Optimization": `turn` over information-gain turn
-#     rewards, the rise in the policy's own probability of the gold answer
-#     (`env.answer`) across each turn, with the episode's return on its last turn.
-TURN_CREDITS = ("episode", "turn", "gigpo", "igpo")
-
 # Self-play's advantage (a two-player environment, `rollout.self_play`): SPIRAL's
 # role-conditioned advantage estimation, "SPIRAL: Self-Play on Zero-Sum Games Incentivizes
 # Reasoning via Multi-Agent Multi-Turn Reinforcement Learning". Each row's return less an
@@ -217,22 +189,18 @@ ROLES = self_play.PLAYERS
 
 
 def make_kl_controller(s: GRPOSettings) -> kl_control.KLController:
-  build, _ = KL_CONTROLLERS[s.kl_controller]
-  return build(s.kl_coef, **dict(s.kl_controller_kwargs))
+  """The registered controller `s.kl_controller` (registry kind "kl_controller")."""
+  return registry.get("kl_controller", s.kl_controller)(s.kl_coef,
+                                                         **dict(s.kl_controller_kwargs))
 
 
 def settings_from_config(config) -> GRPOSettings:
   """GRPOSettings of a GRPO config (see experiments/configs/grpo_arithmetic.py)."""
   controller = config.get("kl_controller", None)
   name = controller.name if controller else "fixed"
-  if name not in KL_CONTROLLERS:
-    raise ValueError(f"kl_controller.name must be one of {sorted(KL_CONTROLLERS)}, got {name!r}")
-  kl_kwargs = tuple((k, float(controller[k])) for k in KL_CONTROLLERS[name][1])
-  if name == "accuracy" and not 0 <= controller.beta_min <= config.kl_coef:
-    raise ValueError(f"kl_controller 'accuracy' needs 0 <= beta_min <= kl_coef (its maximum); "
-                     f"got beta_min {controller.beta_min}, kl_coef {config.kl_coef}")
-  if name == "accuracy" and controller.shape < 0:
-    raise ValueError(f"kl_controller.shape must be >= 0, got {controller.shape}")
+  registry.check_name("kl_controller", name, "kl_controller.name")
+  kl_kwargs = tuple((k, float(v)) for k, v in
+                    registry.options("kl_controller", name, controller or {}).items())
   if name != "fixed" and not config.kl_coef > 0:
     raise ValueError(f"kl_controller {name!r} moves the KL coefficient from kl_coef: set "
                      f"kl_coef > 0 (got {config.kl_coef})")
@@ -271,8 +239,7 @@ def _turn_credit_settings(config) -> dict:
   tc = config.get("turn_credit", None)
   if tc is None:
     return {}
-  if tc.name not in TURN_CREDITS:
-    raise ValueError(f"turn_credit.name must be one of {TURN_CREDITS}, got {tc.name!r}")
+  registry.check_name("turn_credit", tc.name, "turn_credit.name")
   if not 0 < tc.gamma <= 1:
     raise ValueError(f"turn_credit.gamma must be in (0, 1], got {tc.gamma}")
   if not tc.step_weight >= 0:
@@ -380,29 +347,6 @@ def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> 
                / aggregation_lib.denominator(full, aggregation))
 
 
-def padded_replies(traj: types.Trajectory, advantages: jax.Array, width: int
-                   ) -> tuple[types.Trajectory, jax.Array]:
-  """`traj` with its reply columns padded to `width` (as they are if already that wide),
-  and token-level f32[B, T] advantages with them (f32[B] ones as they are)."""
-  traj = types.with_reply_width(traj, width)
-  if advantages.ndim == 2:  # token-level: one per column, so the new columns get zeros
-    advantages = jnp.pad(advantages, ((0, 0), (0, traj.tokens.shape[1] - advantages.shape[1])))
-  return traj, advantages
-
-
-def _with_reply_columns(spec: GRPOBatch, width: int) -> GRPOBatch:
-  """The shapes (`jax.ShapeDtypeStruct`s) of a batch like `spec` with `width` reply columns,
-  narrower or wider; a packed batch's slots as they are."""
-  def columns(x):
-    keep = spec.traj.prompt_width + width
-    return jax.ShapeDtypeStruct((x.shape[0], keep), x.dtype)
-  traj = spec.traj.replace(**{name: columns(getattr(spec.traj, name))
-                              for name in types.COLUMN_FIELDS})
-  advantages = columns(spec.advantages) if spec.advantages.ndim == 2 else spec.advantages
-  return spec._replace(traj=traj, advantages=advantages, old_logp=columns(spec.old_logp),
-                       ref_logp=columns(spec.ref_logp))
-
-
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
   """The per-side return baselines. Like SPIRAL's, the average moves once per game side in
   batch order (decay per trajectory, not per step)."""
@@ -430,19 +374,11 @@ def role_advantages(s: GRPOSettings, r: types.Rollout, baseline: credit.RoleBase
 
 def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Array,
                     turn_keys: jax.Array | None) -> jax.Array:
-  """f32[B, T] token advantages of multi-turn episodes by `s.turn_credit` (TURN_CREDITS)."""
-  tm, g = traj.turn_mask, s.group_size
-  if s.turn_credit in ("turn", "igpo"):  # igpo: the rollout wrote gains as turn rewards
-    normalized = credit.normalize_turn_rewards(traj.turn_rewards, tm, scope="group",
-                                               group_size=g)
-    per_turn = credit.turn_returns(normalized, tm, gamma=s.turn_gamma)
-    return credit.broadcast_turn_values(per_turn, traj.turn_id, traj.policy_mask, tm)
-  if turn_keys is None:
-    raise ValueError("turn_credit 'gigpo' needs the state of every turn: the rollout has none")
-  returns = credit.turn_returns(traj.turn_rewards, tm, gamma=s.turn_gamma)
-  step = credit.step_group_advantages(returns, turn_keys, tm, group_size=g)
-  return credit.combine_outcome_and_step_advantages(episode_adv, step, s.step_weight,
-                                                    turn_id=traj.turn_id, mask=traj.policy_mask)
+  """f32[B, T] token advantages of multi-turn episodes by `s.turn_credit` (registry kind
+  "turn_credit", objectives/credit/turn_credits.py)."""
+  return registry.get("turn_credit", s.turn_credit)(
+      episode_adv, traj, turn_keys, group_size=s.group_size, gamma=s.turn_gamma,
+      step_weight=s.step_weight)
 
 
 def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
@@ -510,14 +446,15 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
     metrics = {**metrics, **{f"role_baseline/player{p}": baseline.baseline[p]
                              for p in range(ROLES)}}
   if state.kl_ctl is not None:
-    moved = make_kl_controller(s).update(state.kl_ctl, observed_kl=metrics["kl"],
-                                         n_steps=batch.advantages.shape[0],
-                                         accuracy=jnp.mean(batch.correct))
+    controller = make_kl_controller(s)
+    moved = controller.update(state.kl_ctl, observed_kl=metrics["kl"],
+                              n_steps=batch.advantages.shape[0],
+                              accuracy=jnp.mean(batch.correct))
     # A step whose updates were all skipped (non-finite) moves neither the policy
     # nor the coefficient: a NaN KL must not poison beta for the rest of the run. Nor
     # does a step that measured no KL (no policy token: every group tied and dropped)
     # move the adaptive controller, which reads the KL; the accuracy one does not.
-    kl_read = jnp.isfinite(metrics["kl"]) if s.kl_controller in READS_KL else True
+    kl_read = jnp.isfinite(metrics["kl"]) if controller.reads_kl else True
     ok = kl_read & (state.updates > updates_before) & jnp.isfinite(moved.beta)
     state = state._replace(kl_ctl=jax.tree.map(lambda new, old: jnp.where(ok, new, old),
                                                moved, state.kl_ctl))
@@ -546,6 +483,10 @@ class GRPO:
         "grpo_update")
     self.beside = (reward_beside.RewardModelBeside(config) if reward_beside.enabled(config)
                    else None)
+    self.packing = packing.Packing(
+        model_cfg, enabled=s.pack_replies, below=s.pack_below, width=s.pack_width,
+        ahead=s.pack_compile_ahead, minibatches=s.minibatches,
+        group_size=s.prompt_group, columns=("advantages", "old_logp", "ref_logp"))
 
   def init_state(self, params, rng):
     del rng
@@ -590,9 +531,9 @@ class GRPO:
     if s.skip_zero_advantage_rows:
       traj, loss_scale = without_zero_advantage_rows(traj, advantages,
                                                      s.objective.aggregation)
-    packed_slots = self._packed_slots(traj, state.updates)
+    packed_slots = self.packing.slots(traj, state.updates)
     if packed_slots is not None:
-      traj, advantages = padded_replies(traj, advantages, s.pack_width)
+      traj, advantages = packing.pad_replies(traj, advantages, s.pack_width)
     zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
     old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
@@ -602,88 +543,15 @@ class GRPO:
                      reward_pairs=reward_pairs, packed_slots=packed_slots,
                      loss_scale=loss_scale)
 
-  def _packed_slots(self, traj: types.Trajectory, updates: jax.Array) -> jax.Array | None:
-    """bool[M] for `GRPOBatch.packed_slots` (None where packing is off or does not apply):
-    M bounds every minibatch's tokens, rounded by `shapes.half_octave`. The run's first
-    update (`updates`, the state's count, is 0) scores padded rows: the program
-    `precompile` compiled while the first rollout sampled (a packed one compiled longer
-    than that rollout and made the first step slower). A function of the batch, the state
-    and the config only, never of what this process compiled before: a resumed run packs
-    each step as the uninterrupted one did. With `pack_below` < 1 a batch whose slots
-    would save too little scores padded rows too."""
-    s = self.settings
-    if not self._can_pack(traj):
-      return None
-    if int(updates) == 0:  # read only where packing applies: it waits for the state
-      return None
-    rows = traj.tokens.shape[0] // s.minibatches
-    slots = scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group)
-    if slots > s.pack_below * rows * (traj.tokens.shape[1] - traj.prompt_width):
-      return None  # packing would save too little: the padded rows' program
-    return jnp.zeros((slots,), bool)
-
-  def _can_pack(self, traj: types.Trajectory) -> bool:
-    """Packing is on and applies to `traj` (one reply block per row, shared prompts)."""
-    s = self.settings
-    return s.pack_replies and scoring.can_pack(self.model_cfg, traj, s.prompt_group)
-
   def update(self, state, batch, rng, progress):
     state, metrics = self._update_policy(state, batch, rng, progress)
-    if self.settings.pack_compile_ahead:
-      self._compile_ahead(state, batch, rng)
+    self.packing.compile_ahead(self._update, state._replace(reward_model=None),
+                               batch._replace(reward_pairs=None), rng)
     # Which compiled program the step ran: its packed slots (0: padded rows) and its reply
     # width (the rollout's trimmed one, or `pack_width` where packed).
     return state, {**metrics, "update_slots": 0 if batch.packed_slots is None
                    else batch.packed_slots.shape[0],
                    "update_width": batch.traj.tokens.shape[1] - batch.traj.prompt_width}
-
-  def _compile_ahead(self, state, batch: GRPOBatch, rng) -> None:
-    """Starts compiling the update for the batches that are likely next as replies shorten,
-    shaped like this step's arguments but for the reply columns: first the padded rows'
-    program at the nearest narrower reply width a batch of this one's reply tokens would
-    score padded (`_padded_width_ahead`), then the packed programs for the
-    `pack_compile_ahead` slot counts next below this batch's (below the padded rows'
-    threshold where it scored padded rows). One device only (a compiled program's
-    placement is fixed)."""
-    s, traj = self.settings, batch.traj
-    if (not self._can_pack(traj) or jax.process_count() > 1
-        or len(traj.tokens.sharding.device_set) > 1):
-      return
-    rows = traj.tokens.shape[0] // s.minibatches
-    width = traj.tokens.shape[1] - traj.prompt_width
-    spec = precompile.spec_of(batch._replace(reward_pairs=None))
-    state = state._replace(reward_model=None)
-    progress = jax.ShapeDtypeStruct((), jnp.float32)
-    narrow = self._padded_width_ahead(batch, rows)
-    if narrow:
-      self._update.start(state, _with_reply_columns(spec, narrow)._replace(packed_slots=None),
-                         rng, progress)
-    below = (batch.packed_slots.shape[0] if batch.packed_slots is not None
-             else int(s.pack_below * rows * width) + 1)
-    packed = _with_reply_columns(spec, s.pack_width) if s.pack_width else spec
-    for count in shapes.half_octaves_below(below, s.pack_compile_ahead, minimum=rows):
-      self._update.start(state,
-                         packed._replace(packed_slots=jax.ShapeDtypeStruct((count,), jnp.bool_)),
-                         rng, progress)
-
-  def _padded_width_ahead(self, batch: GRPOBatch, rows: int) -> int:
-    """The nearest trimmed reply width below this batch's at which a batch of as many reply
-    tokens would score padded rows (packing would save too little: `_packed_slots`) and
-    which their mean length fits, or 0. As replies shorten, a run meets that program next:
-    its longest reply no longer needs this batch's width, the padded one serves."""
-    s, traj = self.settings, batch.traj
-    lengths = np.asarray(traj.policy_mask)[:, traj.prompt_width:].sum(1)
-    width = traj.tokens.shape[1] - traj.prompt_width  # a padded batch's: the rollout's
-    if batch.packed_slots is not None:
-      # Padded to the budget: the kept rows' longest reply gives the rollout's width (a
-      # longer one in a group the step left out would have made it wider).
-      width = single_turn.trimmed_width(lengths, width)
-    slots = (batch.packed_slots.shape[0] if batch.packed_slots is not None  # counted once
-             else scoring.packed_slots(traj, rows=rows, group_size=s.prompt_group))
-    narrow = 1 << ((width - 1).bit_length() - 1)  # the power of two below: 48 -> 32 -> 16
-    if narrow < single_turn.MIN_REPLY_WIDTH or narrow < lengths.mean():
-      return 0
-    return narrow if slots > s.pack_below * rows * narrow else 0
 
   def _update_policy(self, state, batch, rng, progress):
     if self.beside is None:
@@ -711,7 +579,7 @@ class GRPO:
     b, t = s.prompts_per_step * s.group_size, traj.tokens.shape[1]
     traj = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype), traj)
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    if self._can_pack(traj) and int(state.updates):  # a host read, once per process
+    if self.packing.applies(traj) and int(state.updates):  # a host read, once per process
       return  # a resumed run packs to its replies' lengths, unknown before sampling
     batch = GRPOBatch(traj=traj, advantages=f32(b) if s.turn_credit == "episode" else f32(b, t),
                       old_logp=f32(b, t), ref_logp=f32(b, t), correct=f32(b),

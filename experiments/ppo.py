@@ -47,9 +47,6 @@ from jaxrl_agents.rollout import records, scoring
 from jaxrl_agents.train import harness
 from jaxrl_agents.train import optim as optim_lib
 
-CRITICS = ("shared", "separate")
-GAE_LEVELS = ("token", "turn", "bilevel")
-
 
 class PPOState(NamedTuple):
   params: dict  # {"policy": decoder params, "value_head": head, "critic": decoder params | None}
@@ -73,7 +70,7 @@ class PPOSettings:
   Attributes:
     objective: the policy loss's hyperparameters (its KL term off: PPO's KL is a
       reward penalty, `kl_coef` x `kl_estimator` per token).
-    critic: one of CRITICS.
+    critic: a registered "critic" (models/heads.py: "shared", "separate").
     gamma, gae_lambda: GAE's discount and lambda.
     normalize_advantages: standardize the advantages over the batch's policy tokens.
     vf_coef: weight of the value loss.
@@ -81,7 +78,8 @@ class PPOSettings:
     kl_coef, kl_estimator: the KL reward penalty.
     epochs, minibatches: passes over the batch and updates per pass.
     prompt_group: rows per shared prompt in scoring (1: each row runs its prompt).
-    gae_level: one of GAE_LEVELS (multi-turn credit; single-turn streams: "token").
+    gae_level: a registered "gae_level" (objectives/credit/gae.py: multi-turn credit;
+      single-turn streams: "token").
     turn_gamma, turn_lam: the turn-level discount and lambda ("turn", "bilevel").
   """
 
@@ -103,8 +101,7 @@ class PPOSettings:
 
 
 def settings_from_config(config) -> PPOSettings:
-  if config.critic not in CRITICS:
-    raise ValueError(f"config.critic must be one of {CRITICS}, got {config.critic!r}")
+  registry.check_name("critic", config.critic, "config.critic")
   return PPOSettings(
       objective=dataclasses.replace(common.objective_settings(config), kl_on=False),
       critic=config.critic, gamma=float(config.gamma), gae_lambda=float(config.gae_lambda),
@@ -139,21 +136,14 @@ def gae_targets(s: PPOSettings, traj: types.Trajectory, old_logp, old_values, re
   (single-turn: the outcome on the last one), minus the KL penalty, through GAE at
   `s.gae_level`."""
   mask = traj.policy_mask
-  if s.gae_level == "token":
-    token_rewards = credit.rewards_at_turn_ends(traj.turn_rewards, traj.turn_id, mask,
-                                                traj.turn_mask)
-    if s.kl_coef:
-      token_rewards, _ = losses.kl_reward_penalty(token_rewards, old_logp, ref_logp, mask,
-                                                  s.kl_coef, estimator=s.kl_estimator)
-    adv, returns = credit.policy_token_gae(token_rewards, old_values, mask, gamma=s.gamma,
-                                           lam=s.gae_lambda)
-  elif s.gae_level == "turn":
-    adv, returns = credit.turn_level_gae(traj.turn_rewards, old_values, traj.turn_id, mask,
-                                         traj.turn_mask, gamma=s.turn_gamma, lam=s.turn_lam)
-  else:
-    adv, returns = credit.bilevel_gae(traj.turn_rewards, old_values, traj.turn_id, mask,
-                                      traj.turn_mask, gamma=s.gamma, lam=s.gae_lambda,
-                                      turn_gamma=s.turn_gamma, turn_lam=s.turn_lam)
+  token_rewards = credit.rewards_at_turn_ends(traj.turn_rewards, traj.turn_id, mask,
+                                              traj.turn_mask)
+  if s.kl_coef:  # (validate: only with gae_level "token", which reads the token rewards)
+    token_rewards, _ = losses.kl_reward_penalty(token_rewards, old_logp, ref_logp, mask,
+                                                s.kl_coef, estimator=s.kl_estimator)
+  adv, returns = registry.get("gae_level", s.gae_level)(
+      traj, token_rewards, old_values, gamma=s.gamma, lam=s.gae_lambda,
+      turn_gamma=s.turn_gamma, turn_lam=s.turn_lam)
   if s.normalize_advantages:
     adv = advantages_lib.standardize(adv, mask)
   return jnp.where(mask, adv, 0.0), returns
@@ -204,7 +194,7 @@ class PPO:
     trainable = {
         "policy": params,
         "value_head": heads.init_scalar_head(rng, self.model_cfg.d_model),
-        "critic": jax.tree.map(jnp.copy, params) if self.settings.critic == "separate" else None,
+        "critic": registry.get("critic", self.settings.critic)(params),
     }
     ref = jax.tree.map(jnp.copy, params) if self.settings.kl_coef else None
     return PPOState(params=trainable, opt_state=self.tx.init(trainable), ref_params=ref,
@@ -257,8 +247,7 @@ def validate(config) -> None:
     raise ValueError("config.ema_decay (the evaluated moving average of the policy) is GRPO's "
                      "for now; set it to 0")
   level = config.get("gae_level", "token")
-  if level not in GAE_LEVELS:
-    raise ValueError(f"gae_level must be one of {GAE_LEVELS}, got {level!r}")
+  registry.check_name("gae_level", level, "gae_level")
   if level != "token" and not config.get("env"):
     raise ValueError(f"gae_level {level!r} assigns credit across the turns of an environment's "
                      "episodes; set config.env (a single-turn run has one turn)")

@@ -15,7 +15,14 @@ A kind holds functions of one signature, so a caller can call any entry of it:
 (token rewards, values, dones -> advantages, returns), "kl" (per-token
 estimators), "policy_loss", "aggregation", "preference_loss", "reward" (host
 functions of completions and examples), "model" (presets), "env" (environment
-factories: tokenizer, **options -> Env).
+factories: tokenizer, **options -> Env), and the named choices of the configs:
+"kl_controller" (kl_coef, **options -> KLController), "token_control" (which policy
+tokens keep their gradient), "turn_credit" (episode advantages -> token advantages
+of multi-turn episodes), "gae_level" (PPO's credit), "critic" (PPO's value
+backbone), "reward_combinator" (reward components -> one reward), "layout" (the
+model's layers as a list or one scan). An entry's keyword-only arguments are its
+options: `options(kind, name, config_dict)` picks them out of a config block that
+holds the options of every name.
 Registration happens when the defining module is imported; `get` and `names`
 import the library's modules for the kind first, so callers never need to.
 Modules of one's own register the same way: list them in a config's `imports`
@@ -47,6 +54,13 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
     "preference_loss": ("jaxrl_agents.objectives.losses",),
     "reward": ("jaxrl_agents.rewards",),
     "env": ("jaxrl_agents.envs",),
+    "kl_controller": ("jaxrl_agents.objectives.losses.kl_control",),
+    "token_control": ("jaxrl_agents.objectives.losses.token_controls",),
+    "turn_credit": ("jaxrl_agents.objectives.credit.turn_credits",),
+    "gae_level": ("jaxrl_agents.objectives.credit.gae",),
+    "critic": ("jaxrl_agents.models.heads",),
+    "reward_combinator": ("jaxrl_agents.rewards.combine",),
+    "layout": ("jaxrl_agents.models.layouts",),
 }
 
 
@@ -130,6 +144,21 @@ def import_modules(modules) -> None:
             f"config.imports names {module!r}, which Python cannot find ({e}); install its "
             f"package or put its directory on PYTHONPATH", name=e.name) from e
       raise
+
+
+def options(kind: str, name: str, given) -> dict[str, Any]:
+  """The entries of mapping `given` that entry (kind, name) takes as keyword-only arguments
+  (its options), e.g. config.kl_controller, which holds every controller's options."""
+  params = inspect.signature(get(kind, name)).parameters
+  return {k: given[k] for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k in given}
+
+
+def check_name(kind: str, name: str, what: str) -> None:
+  """Raises ValueError naming `what` (the config key) when `name` is not registered."""
+  try:
+    get(kind, name)
+  except KeyError as e:
+    raise ValueError(f"{what}: {e.args[0]}") from None
 
 
 def names(kind: str) -> list[str]:

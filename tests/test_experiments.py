@@ -22,7 +22,7 @@ from experiments.configs import (
 )
 from jaxrl_agents import registry, types
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import groups, scoring, single_turn
+from jaxrl_agents.rollout import groups, packing, scoring, single_turn
 from jaxrl_agents.train import checkpointing, harness
 from jaxrl_agents.train import metrics as metrics_lib
 
@@ -205,23 +205,23 @@ def test_packed_replies_engage_where_they_apply():
                            jnp.ones((b, n), jnp.int32),
                            jnp.asarray(np.arange(n)[None] < lengths[:, None]), jnp.zeros((b, n)))
   later, first = jnp.int32(3), jnp.int32(0)  # the state's update count
-  slots = algorithm._packed_slots(traj, later)
+  slots = algorithm.packing.slots(traj, later)
   assert slots is not None and lengths.sum() <= slots.shape[0] < b * n
   assert slots.shape == (96,)  # 78 tokens, rounded up to a half octave
   # The run's first update scores padded rows: the program compiled ahead of its rollout.
-  assert algorithm._packed_slots(traj, first) is None
+  assert algorithm.packing.slots(traj, first) is None
   # pack_below: packing only where the slots are at most that fraction of the padded
   # rows' 12 x 16 = 192 reply columns (96 / 192 = 0.5).
   config.pack_below = 0.5
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later).shape == (96,)
+  assert grpo.GRPO(config, model.cfg).packing.slots(traj, later).shape == (96,)
   config.pack_below = 0.45
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  assert grpo.GRPO(config, model.cfg).packing.slots(traj, later) is None
   # Per minibatch: 3 minibatches of one group (4 rows x 16 = 64 columns); the fullest
   # group holds 42 tokens -> 48 slots (48 / 64 = 0.75).
   config.minibatches, config.pack_below = 3, 0.75
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later).shape == (48,)
+  assert grpo.GRPO(config, model.cfg).packing.slots(traj, later).shape == (48,)
   config.pack_below = 0.7
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  assert grpo.GRPO(config, model.cfg).packing.slots(traj, later) is None
   config.minibatches, config.pack_below = 1, 1.0
   for bad in (0.0, 1.5, float("nan")):
     config.pack_below = bad
@@ -229,9 +229,9 @@ def test_packed_replies_engage_where_they_apply():
       grpo.validate(config)
   config.pack_below = 1.0
   config.pack_replies = False
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  assert grpo.GRPO(config, model.cfg).packing.slots(traj, later) is None
   config.pack_replies, config.share_prompt = True, False  # packing follows a shared prompt
-  assert grpo.GRPO(config, model.cfg)._packed_slots(traj, later) is None
+  assert grpo.GRPO(config, model.cfg).packing.slots(traj, later) is None
 
 
 def _one_reply_rollout(b: int, n: int, longest: int, rewards=None,
@@ -327,7 +327,7 @@ def test_a_packed_batch_runs_at_the_reply_budgets_width():
     np.testing.assert_array_equal(batch.traj.policy_mask[:, :8 + n], traj.policy_mask)
   assert widths == {1.0: (config.max_new_tokens, True), 0.1: (n, False)}
   # Token-level advantages (a turn credit's f32[B, T]) follow the columns, zeros on the new.
-  wide, advantages = grpo.padded_replies(traj, jnp.ones((b, 8 + n)), config.max_new_tokens)
+  wide, advantages = packing.pad_replies(traj, jnp.ones((b, 8 + n)), config.max_new_tokens)
   assert advantages.shape == wide.tokens.shape == (b, 8 + config.max_new_tokens)
   assert np.all(np.asarray(advantages)[:, 8 + n:] == 0) and np.all(advantages[:, :8 + n] == 1)
 

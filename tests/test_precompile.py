@@ -145,7 +145,7 @@ def test_a_run_with_its_first_update_precompiled_logs_what_one_without_logs(
   # Groups sampled: twice those trained on (the prediction is of the update's batch).
   config.eval_every, config.oversample = 0, 2
   # Padded rows throughout: with packed replies only the first update runs the padded
-  # program compiled ahead, and later ones their own (grpo.GRPO._packed_slots).
+  # program compiled ahead, and later ones their own (rollout/packing.py Packing.slots).
   config.pack_replies = False
   grpo.train(config, str(tmp_path / "ahead"), progress=False)
   (update,) = instances

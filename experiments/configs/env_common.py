@@ -28,7 +28,8 @@ def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, opti
   c.eval_size = 8 if tiny else 64
   c.eval_batch_size = 8 if tiny else 32
   c.temperature = 1.0
-  # How an episode's advantage reaches its turns (experiments/grpo.py TURN_CREDITS):
+  # How an episode's advantage reaches its turns (registry kind "turn_credit",
+  # jaxrl_agents/objectives/credit/turn_credits.py):
   # "episode" (every token its episode's), "turn" (IGPO: standardized turn rewards'
   # returns-to-go), "gigpo" (plus step_weight x the advantage among turns from the same
   # state), "igpo" ("turn" over information-gain rewards: the rise in the policy's own

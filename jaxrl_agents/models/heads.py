@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import registry
+
 
 def init_scalar_head(rng: jax.Array, d_model: int, scale: float = 0.0) -> dict:
   """A linear map D -> 1; zero-initialized by default so initial values are exactly 0.
@@ -25,3 +27,21 @@ def init_scalar_head(rng: jax.Array, d_model: int, scale: float = 0.0) -> dict:
 def apply_scalar_head(head: dict, hidden: jax.Array) -> jax.Array:
   """f[..., D] hidden states -> f32[...] scalars (values, rewards, process rewards)."""
   return jnp.einsum("...d,d->...", hidden.astype(jnp.float32), head["w"]) + head["b"]
+
+
+# A value model's backbone by name (PPO's config.critic, registry kind "critic"): the
+# initial policy parameters -> the critic's own backbone parameters, or None where the
+# value head reads the policy's hidden states.
+
+
+@registry.register("critic", "shared")
+def shared_backbone(params):
+  """The value head on the policy's own backbone (one forward pass gives both)."""
+  del params
+  return None
+
+
+@registry.register("critic", "separate")
+def separate_backbone(params):
+  """A copy of the initial backbone, trained as the critic (the classic RLHF setup)."""
+  return jax.tree.map(jnp.copy, params)

@@ -27,11 +27,9 @@ import jax.numpy as jnp
 from jaxrl_agents import registry
 from jaxrl_agents.objectives.losses import entropy as entropy_lib
 from jaxrl_agents.objectives.losses import kl as kl_lib
-from jaxrl_agents.objectives.losses import off_policy, token_controls
+from jaxrl_agents.objectives.losses import off_policy
 from jaxrl_agents.objectives.losses.aggregation import aggregate, masked_mean
 
-# Token controls: which policy tokens keep their gradient (losses/token_controls.py).
-TOKEN_CONTROLS = ("none", "covariance_clip", "entropy_gate")
 # "forward" is the exact forward KL(pi_ref || pi) over the whole vocabulary (it needs
 # the reference's logits in the loss); the registered estimators are per sampled token.
 FORWARD_KL = "forward"
@@ -54,7 +52,8 @@ class PolicyObjective:
     kl_on: whether the loss has a KL term (its coefficient comes in as beta).
     entropy_coef: weight of the entropy bonus.
     temperature: the sampling temperature (log-probs refer to pi_T).
-    token_control: one of TOKEN_CONTROLS.
+    token_control: a registered "token_control" (losses/token_controls.py): which policy
+      tokens keep their gradient.
     token_control_frac: its fraction (covariance_clip: dropped; entropy_gate: kept).
     token_control_per_sequence: rank tokens within each sequence instead of the batch.
     off_policy_correction: one of off_policy.CORRECTIONS, for tokens the sampler drew from
@@ -82,9 +81,7 @@ class PolicyObjective:
     registry.get("aggregation", self.aggregation)
     if self.kl_on and self.kl != FORWARD_KL:
       registry.get("kl", self.kl)
-    if self.token_control not in TOKEN_CONTROLS:
-      raise ValueError(f"token_control must be one of {TOKEN_CONTROLS}, "
-                       f"got {self.token_control!r}")
+    registry.check_name("token_control", self.token_control, "token_control.name")
     if self.token_control != "none" and not 0.0 <= self.token_control_frac <= 1.0:
       raise ValueError(f"token_control_frac must be in [0, 1], got {self.token_control_frac}")
     if self.off_policy_correction not in off_policy.CORRECTIONS:
@@ -123,17 +120,14 @@ def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
                     advantages: jax.Array, mask: jax.Array
                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The policy tokens that keep their gradient under the token control."""
-  if hp.token_control == "covariance_clip":
-    adv = jnp.broadcast_to(advantages[:, None], mask.shape) if advantages.ndim == 1 \
-        else advantages
-    return token_controls.covariance_clip_mask(
-        jax.lax.stop_gradient(logp), adv, mask, hp.token_control_frac,
-        per_sequence=hp.token_control_per_sequence)
-  if hp.token_control == "entropy_gate":
-    return token_controls.entropy_gate_mask(
-        jax.lax.stop_gradient(entropy), mask, hp.token_control_frac,
-        per_sequence=hp.token_control_per_sequence)
-  return mask, {}
+  if hp.token_control == "none":
+    return mask, {}
+  adv = jnp.broadcast_to(advantages[:, None], mask.shape) if advantages.ndim == 1 \
+      else advantages
+  control = registry.get("token_control", hp.token_control)
+  return control(jax.lax.stop_gradient(logp),
+                 None if entropy is None else jax.lax.stop_gradient(entropy), adv, mask,
+                 frac=hp.token_control_frac, per_sequence=hp.token_control_per_sequence)
 
 
 # Metrics that have a value on a batch without policy tokens (besides counts, num_*).

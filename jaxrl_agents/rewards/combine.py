@@ -14,6 +14,10 @@ silent no-op.
   ("OPTIAGENT"-style priorities).
 * `gated`: a child term counts only when a parent passes (conditional gating,
   "ChatShopBuddy"), e.g. correctness only for well-formatted replies.
+
+A config chooses how its rewards combine by name (config.reward_combinator, registry
+kind "reward_combinator"): the `WeightedSum` of config.rewards in, one reward out,
+the combinator's options keyword-only.
 """
 
 from __future__ import annotations
@@ -329,3 +333,30 @@ def gated(parent: ComponentSpec, child: ComponentSpec, *, threshold: float = 1.0
   """`child` counts only where `parent` passes; see `Gated`."""
   return Gated(parent, child, threshold=threshold, parent_weight=parent_weight,
                child_weight=child_weight)
+
+
+# The configs' names (config.reward_combinator.name): config.rewards' WeightedSum -> one reward.
+
+
+@registry.register("reward_combinator", "sum")
+def weighted_sum(weighted: WeightedSum) -> RewardFn:
+  """sum_m w_m r_m."""
+  return weighted
+
+
+@registry.register("reward_combinator", "lexicographic")
+def by_priority(weighted: WeightedSum, *, min_gap: float = 1.0) -> RewardFn:
+  """The first reward decides, then the second, ... (weights ignored; each in [0, 1])."""
+  return lexicographic(list(weighted.components), min_gap=min_gap)
+
+
+@registry.register("reward_combinator", "gated")
+def gate_first(weighted: WeightedSum, *, threshold: float = 1.0) -> RewardFn:
+  """w_0 r_0 + w_1 r_1 [r_0 >= threshold]: the second counts only where the first passes."""
+  parts = list(weighted.components)
+  if len(parts) != 2:
+    raise ValueError(f"reward_combinator 'gated' needs exactly two rewards (gate first), "
+                     f"got {list(weighted.weights)}")
+  (gate, _), (child, _) = parts
+  return gated(parts[0], parts[1], parent_weight=weighted.weights[gate],
+               child_weight=weighted.weights[child], threshold=threshold)

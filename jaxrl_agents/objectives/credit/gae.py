@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import registry, types
 from jaxrl_agents.objectives import advantages as advantages_lib
 from jaxrl_agents.objectives.credit._common import (
   _check_turns,
@@ -161,3 +162,35 @@ def bilevel_gae(
   # GAE's delta: r_last = G_k gives delta_last = G_k - V_last = A_k.
   return _gae_on_policy_tokens(jnp.where(ends, turn_returns_, 0.0), values, mask, ends,
                                gamma, lam)
+
+
+# PPO's credit by name (config.gae_level, registry kind "gae_level"): the trajectory, the
+# f32[B, T] token rewards (each turn's reward on its last policy token, less any KL
+# penalty: read at "token" only) and the critic's values -> (advantages, returns).
+
+
+@registry.register("gae_level", "token")
+def token_level(traj: types.Trajectory, token_rewards: jax.Array, values: jax.Array, *,
+                gamma: float, lam: float, turn_gamma: float = 1.0, turn_lam: float = 0.95):
+  """GAE over the policy tokens (the environment's tokens skipped)."""
+  del turn_gamma, turn_lam
+  return policy_token_gae(token_rewards, values, traj.policy_mask, gamma=gamma, lam=lam)
+
+
+@registry.register("gae_level", "turn")
+def turn_level(traj: types.Trajectory, token_rewards: jax.Array, values: jax.Array, *,
+               gamma: float, lam: float, turn_gamma: float = 1.0, turn_lam: float = 0.95):
+  """GAE over turns (a turn's value read at its last policy token), per turn to its tokens."""
+  del token_rewards, gamma, lam
+  return turn_level_gae(traj.turn_rewards, values, traj.turn_id, traj.policy_mask,
+                        traj.turn_mask, gamma=turn_gamma, lam=turn_lam)
+
+
+@registry.register("gae_level", "bilevel")
+def bilevel(traj: types.Trajectory, token_rewards: jax.Array, values: jax.Array, *,
+            gamma: float, lam: float, turn_gamma: float = 1.0, turn_lam: float = 0.95):
+  """Turn-level GAE across turns, token-level GAE within each turn (ArCHer-style)."""
+  del token_rewards
+  return bilevel_gae(traj.turn_rewards, values, traj.turn_id, traj.policy_mask,
+                     traj.turn_mask, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
+                     turn_lam=turn_lam)

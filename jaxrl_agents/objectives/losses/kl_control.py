@@ -7,6 +7,8 @@ state = ctrl.update(state, observed_kl=kl, n_steps=batch_size)   # jittable
 loss = pg_loss + state.beta * kl_term
 ```
 The state is a small pytree that goes into the train state and its checkpoint.
+A config chooses one by name (registry kind "kl_controller": kl_coef, then the
+controller's options as keyword-only arguments).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import registry
+
 
 class KLControllerState(NamedTuple):
   beta: jax.Array  # f32[] current KL coefficient
@@ -25,6 +29,8 @@ class KLControllerState(NamedTuple):
 class KLController(NamedTuple):
   init: Callable[[], KLControllerState]
   update: Callable[..., KLControllerState]
+  # Whether `update` reads observed_kl (a step that measured no KL must then leave it).
+  reads_kl: bool = False
 
 
 def fixed_kl_controller(beta: float) -> KLController:
@@ -65,7 +71,7 @@ def adaptive_kl_controller(init_beta: float, target: float, horizon: float) -> K
     error = jnp.clip((observed_kl - target) / target, -0.2, 0.2)
     return KLControllerState(beta=state.beta * (1.0 + error * n_steps / horizon))
 
-  return KLController(init, update)
+  return KLController(init, update, reads_kl=True)
 
 
 def accuracy_conditioned_beta(
@@ -115,3 +121,29 @@ def accuracy_conditioned_kl_controller(
     return KLControllerState(beta=accuracy_conditioned_beta(accuracy, beta_min, beta_max, shape))
 
   return KLController(init, update)
+
+
+# The configs' names (config.kl_controller.name); each takes kl_coef and its options.
+
+
+@registry.register("kl_controller", "fixed")
+def fixed(kl_coef: float) -> KLController:
+  """A constant coefficient, kl_coef."""
+  return fixed_kl_controller(kl_coef)
+
+
+@registry.register("kl_controller", "adaptive")
+def adaptive(kl_coef: float, *, target: float, horizon: float) -> KLController:
+  """Starts at kl_coef and tracks `target` KL over `horizon` samples (Ziegler et al.)."""
+  return adaptive_kl_controller(kl_coef, float(target), float(horizon))
+
+
+@registry.register("kl_controller", "accuracy")
+def accuracy(kl_coef: float, *, beta_min: float, shape: float) -> KLController:
+  """beta_min + (kl_coef - beta_min) * accuracy^shape (AKL), kl_coef its maximum."""
+  if not 0 <= beta_min <= kl_coef:
+    raise ValueError(f"kl_controller 'accuracy' needs 0 <= beta_min <= kl_coef (its maximum); "
+                     f"got beta_min {beta_min}, kl_coef {kl_coef}")
+  if shape < 0:
+    raise ValueError(f"kl_controller.shape must be >= 0, got {shape}")
+  return accuracy_conditioned_kl_controller(float(beta_min), kl_coef, float(shape))

@@ -10,6 +10,8 @@ functions jit once for any mask. They return `(new_mask, metrics)`; feed
 mask, m1 = covariance_clip_mask(logp, adv, mask, frac=0.002)   # SPEAR
 mask, m2 = entropy_gate_mask(entropy, mask, top_frac=0.2)       # EARL
 ```
+A config chooses one by name (registry kind "token_control", the functions at the
+end: log-probs, entropy, f32[B, T] advantages, mask, then `frac` and `per_sequence`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import registry
 from jaxrl_agents.objectives.losses._checks import check_bt
 
 # Absorbs float error in frac * n (e.g. 0.29 * 100 = 28.999...) before rounding.
@@ -151,3 +154,27 @@ def entropy_gate_mask(
     "kept_entropy_mean": jnp.where(new_mask, entropy, 0.0).sum() / jnp.maximum(kept, 1),
   }
   return new_mask, metrics
+
+
+# The configs' names (config.token_control.name), one signature for all.
+
+
+@registry.register("token_control", "none")
+def no_control(logp, entropy, advantages, mask, *, frac: float = 0.0, per_sequence: bool = False):
+  """Every policy token keeps its gradient."""
+  del logp, entropy, advantages, frac, per_sequence
+  return mask, {}
+
+
+@registry.register("token_control", "covariance_clip")
+def covariance_clip(logp, entropy, advantages, mask, *, frac: float, per_sequence: bool = False):
+  """Drops the `frac` of tokens with the largest log-prob/advantage covariance (SPEAR)."""
+  del entropy
+  return covariance_clip_mask(logp, advantages, mask, frac, per_sequence=per_sequence)
+
+
+@registry.register("token_control", "entropy_gate")
+def entropy_gate(logp, entropy, advantages, mask, *, frac: float, per_sequence: bool = False):
+  """Keeps the `frac` of tokens with the highest entropy (EARL's gate)."""
+  del logp, advantages
+  return entropy_gate_mask(entropy, mask, frac, per_sequence=per_sequence)
