@@ -37,10 +37,9 @@ from jaxrl_agents import registry, types
 from jaxrl_agents.models import lm
 from jaxrl_agents.objectives import credit
 from jaxrl_agents.objectives import policy_objective as objective_lib
-from jaxrl_agents.objectives.losses import aggregation as aggregation_lib
 from jaxrl_agents.objectives.losses import kl as kl_lib
 from jaxrl_agents.objectives.losses import kl_control
-from jaxrl_agents.parallel import distributed, sharding
+from jaxrl_agents.parallel import sharding
 from jaxrl_agents.rollout import groups, packing, records, scoring, self_play
 from jaxrl_agents.train import harness, overlap, precompile
 from jaxrl_agents.train import optim as optim_lib
@@ -96,25 +95,11 @@ class GRPOSettings:
     group_size: G.
     epochs, minibatches: passes over the batch and updates per pass.
     share_prompt: run each group's prompt through the model once per update.
-    pack_replies: with share_prompt, the update runs only the reply tokens, packed
-      into one stream (`scoring.packed_policy_logits`), not B rows of the longest
-      reply's width; where packing does not apply (multi-turn blocks, a mesh) the
-      rows stay padded.
-    pack_below: a batch packs only if its slots are at most this fraction of the
-      padded rows' reply columns: where packing saves less, the padded program
-      (one per reply width) serves, and the run compiles fewer programs.
-    pack_width: the reply columns a packed batch is padded to (the sampling budget; 0:
-      its trimmed width). A packed program costs what its slots cost, so at one width
-      one program per slot count serves every trimmed width the rollouts move through.
-    pack_compile_ahead: after each update, the packed programs for the next this many
-      slot counts below the batch's (or below the padded rows' threshold), and (where
-      not 0) the padded rows' program at the next narrower reply width that a batch of
-      as many reply tokens would run, start compiling in the background
-      (`precompile.py`) while the next steps run: replies shorten as a run learns, and
-      each new program would otherwise stop the run for its compile. Not free on a
-      2-core CPU (the steps beside a compile run slower; docs/grpo_iteration.md#packed-replies).
-      The same programs either way, so the same results; 0: each compiles when a batch
-      first needs it.
+    pack_replies, pack_below, pack_width, pack_compile_ahead: packing's rule
+      (`rollout/packing.py`): with share_prompt the update scores only the reply tokens,
+      packed into slots, where they are at most `pack_below` of the padded rows' reply
+      columns (padded to `pack_width`); after each update the programs for the next
+      `pack_compile_ahead` slot counts compile in the background.
     drop_tied_groups: the update leaves out the kept groups whose rewards tie
       (`without_tied_groups`): the token mean is over the groups that vary, and a
       packed update pays for their replies only (a KL or entropy term loses the
@@ -277,99 +262,19 @@ def group_advantages(s: GRPOSettings, r: types.Rollout
     keys = None if r.turn_keys is None else jnp.asarray(np.asarray(r.turn_keys)[rows])
     advantages = turn_advantages(s, traj, advantages, keys)
   if s.drop_tied_groups:
-    traj = without_tied_groups(traj, totals[kept], g)
+    traj = groups.without_tied_groups(traj, totals[kept], g)
   return traj, advantages, np.asarray(r.correct, np.float32)[rows]
 
 
-def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size: int
-                        ) -> types.Trajectory:
-  """`traj` with no policy tokens in the groups whose rewards tie.
-
-  Ties are read from the rewards (`groups.tied_groups`, the rule `groups.kept_groups`
-  and the estimators use: all rewards equal). Such a group adds no policy
-  gradient (its advantages are exactly 0), but its
-  tokens count in a token mean's denominator: with 1 group of 4 that varies,
-  the update moves the policy a quarter as far as with 4, so the step size
-  falls just when the signal is scarce. Masked out, those rows also cost a
-  packed update nothing. DAPO's dynamic sampling trains on varied groups only
-  in the same way (it resamples to fill the batch; here the batch's shape stays
-  fixed and the tied rows are masked). The rows stay in the batch, so shapes do
-  not change; the loss's terms that read the mask (KL, entropy bonus, the
-  entropy logged) then cover the varied groups only.
-
-  Args:
-    traj: B = groups x `group_size` rows.
-    rewards: f32[groups, group_size] the groups' total rewards.
-  """
-  if rewards.shape != (traj.tokens.shape[0] // group_size, group_size):
-    raise ValueError(f"rewards {rewards.shape} are not one row of {group_size} per group of "
-                     f"the {traj.tokens.shape[0]} trajectory rows")
-  varied = np.repeat(~groups.tied_groups(rewards), group_size)
-  return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
-
-
-def without_zero_advantage_rows(traj: types.Trajectory, advantages: jax.Array,
-                               aggregation: str) -> tuple[types.Trajectory, jax.Array]:
-  """`traj` without policy tokens in the rows whose advantages are all 0, and the f32[]
-  factor that makes the loss over the rest the loss over all rows.
-
-  Such a row adds nothing to the policy gradient (every registered policy loss
-  multiplies by the advantage) where the objective has no KL, no entropy bonus
-  and no token control that ranks tokens across rows (`validate` checks), but
-  it counts in the aggregation's denominator. Left out, a packed update does
-  not pay for its tokens; scaled by `skipped_loss_scale`, the gradient is the
-  one of training on it (to float rounding). Unlike `without_tied_groups`, the
-  step size does not change. The logged token statistics (entropy, clip
-  fraction) then cover the rows that were computed.
-
-  Args:
-    traj: B rows.
-    advantages: f32[B] or f32[B, T] (turn-level credit).
-    aggregation: the objective's aggregation mode.
-  """
-  mask = distributed.to_host(traj.policy_mask)  # (a multi-host run's is global)
-  adv = distributed.to_host(advantages)
-  if adv.ndim == 1:
-    adv = adv[:, None]
-  # NaN != 0: a row with a non-finite advantage stays, for the run's checks to see.
-  signal = np.any((adv != 0) & mask, axis=1)
-  scale = skipped_loss_scale(mask, mask & signal[:, None], aggregation)
-  return (traj.replace(policy_mask=traj.policy_mask & jnp.asarray(signal)[:, None]),
-          jnp.float32(scale))
-
-
-def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> float:
-  """The factor from the `aggregation` of a loss over the tokens of mask `kept` to its
-  aggregation over those of `full`, where the loss is 0 on the tokens only `full` holds:
-  the ratio of the two denominators (`aggregation.denominator`; 1 for
-  "seq-mean-token-sum-norm", whose constant does not depend on the mask)."""
-  return float(aggregation_lib.denominator(kept, aggregation)
-               / aggregation_lib.denominator(full, aggregation))
-
-
 def role_baseline(s: GRPOSettings) -> credit.RoleBaseline:
-  """The per-side return baselines. Like SPIRAL's, the average moves once per game side in
-  batch order (decay per trajectory, not per step)."""
-  return credit.role_baseline(ROLES, **dict(s.advantage_kwargs))
-
-
-@functools.lru_cache(maxsize=8)
-def _role_update(s: GRPOSettings):
-  return jax.jit(role_baseline(s).update)
+  """The per-side return baselines (`self_play.role_baseline`)."""
+  return self_play.role_baseline(**dict(s.advantage_kwargs))
 
 
 def role_advantages(s: GRPOSettings, r: types.Rollout, baseline: credit.RoleBaselineState
                     ) -> tuple[jax.Array, credit.RoleBaselineState]:
-  """Self-play's f32[B] advantages (ROLE_ADVANTAGE) and the baselines after these returns.
-
-  A row with role -1 (a side that never moved, or a game the ply limit cut before
-  it had an outcome) gets 0 and leaves the baselines alone.
-  """
-  if r.roles is None:
-    raise ValueError(f"advantage {ROLE_ADVANTAGE!r} needs each row's role: a self-play rollout "
-                     "(a two-player environment) has them, this one has none")
-  roles = jnp.asarray(r.roles, jnp.int32)
-  return _role_update(s)(jnp.asarray(r.rewards, jnp.float32), roles, baseline, roles >= 0)
+  """Self-play's f32[B] advantages (ROLE_ADVANTAGE) and the baselines after these returns."""
+  return self_play.role_advantages(r, baseline, **dict(s.advantage_kwargs))
 
 
 def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Array,
@@ -507,20 +412,12 @@ class GRPO:
     what this step's pairs say of that model (nothing without config.reward_model_beside)."""
     if self.beside is None:
       return r, {}
-    scores = self.beside.score(state.reward_model, r.examples, r.completions)
-    total = r.rewards + self.beside.weight * scores
-    r = dataclasses.replace(r, traj=types.with_outcome(r.traj, total), rewards=total,
-                            components={**r.components, reward_beside.NAME: scores})
-    pairs = self.beside.pairs(r.completions, r.correct, _seed(rng))
-    return r, reward_beside.fresh_metrics(scores, pairs)
+    return self.beside.scored_rollout(state.reward_model, r, rng)
 
   def prepare(self, state, r: types.Rollout, rng) -> GRPOBatch:
     s = self.settings
-    reward_pairs = None
-    if self.beside is not None:  # the pairs score_rollout measured, drawn with the same seed
-      pairs = self.beside.pairs(r.completions, r.correct, _seed(rng))
-      if len(pairs.chosen):
-        reward_pairs = self.beside.batch(r.examples, r.completions, pairs)
+    # The pairs score_rollout measured, drawn with the same key.
+    reward_pairs = self.beside.pairs_batch(r, rng) if self.beside is not None else None
     baseline = None
     if s.advantage == ROLE_ADVANTAGE:
       traj, correct = r.traj, np.asarray(r.correct, np.float32)
@@ -529,7 +426,7 @@ class GRPO:
       traj, advantages, correct = group_advantages(s, r)
     loss_scale = None
     if s.skip_zero_advantage_rows:
-      traj, loss_scale = without_zero_advantage_rows(traj, advantages,
+      traj, loss_scale = groups.without_zero_advantage_rows(traj, advantages,
                                                      s.objective.aggregation)
     packed_slots = self.packing.slots(traj, state.updates)
     if packed_slots is not None:
@@ -587,19 +484,9 @@ class GRPO:
     self._update.start(state._replace(reward_model=None), batch, rng, f32())
 
 
-def _validate_skip_zero_advantage_rows(config, settings: GRPOSettings) -> None:
+def _validate_skip_zero_advantage_rows(settings: GRPOSettings) -> None:
   """Where a row without advantage still has a gradient, skipping it changes the update."""
-  hp = settings.objective
-  problems = []
-  if hp.kl_on:
-    problems.append(f"kl_coef {config.kl_coef} (a KL term has a gradient on every row)")
-  if hp.entropy_coef:
-    problems.append(f"entropy_coef {hp.entropy_coef} (so has an entropy bonus)")
-  if hp.token_control != "none":
-    problems.append(f"token_control {hp.token_control!r} (it ranks the tokens of every row)")
-  if hp.off_policy_correction == "mis":
-    problems.append("off_policy.correction 'mis' (it drops tokens of every row from the "
-                    "token mean's denominator)")
+  problems = list(settings.objective.terms_beside_advantage())
   if settings.minibatches != 1:
     problems.append(f"minibatches {settings.minibatches} (each minibatch has its own "
                     "denominator; the scale is the batch's)")
@@ -608,11 +495,6 @@ def _validate_skip_zero_advantage_rows(config, settings: GRPOSettings) -> None:
   if problems:
     raise ValueError("skip_zero_advantage_rows leaves out rows that add no gradient, which "
                      "holds only without: " + "; ".join(problems))
-
-
-def _seed(rng) -> int:
-  """A Python int seed from a step's key (the reward model's pair draw)."""
-  return int(jax.random.randint(rng, (), 0, 2**31 - 1))
 
 
 def validate(config) -> None:
@@ -628,7 +510,7 @@ def validate(config) -> None:
                      f"token-level estimators such as GAE are PPO's")
   settings = settings_from_config(config)  # names, per-loss hyperparameters, controllers
   if settings.skip_zero_advantage_rows:
-    _validate_skip_zero_advantage_rows(config, settings)
+    _validate_skip_zero_advantage_rows(settings)
   if settings.drop_tied_groups and settings.turn_credit != "episode":
     raise ValueError(f"drop_tied_groups masks groups whose total rewards tie, but turn_credit "
                      f"{settings.turn_credit!r} can give such a group's turns advantages: use "
@@ -650,17 +532,11 @@ def validate(config) -> None:
   if config.group_size < 2 and config.advantage in ("grpo", "dr_grpo", "rloo",
                                                     "reinforce_pp_baseline", "gdpo"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")
-  if not 0.0 < settings.pack_below <= 1.0:  # NaN fails too
-    raise ValueError(f"pack_below {settings.pack_below} must be in (0, 1]: the fraction of "
-                     "the padded rows' reply columns under which a batch packs (1: always)")
+  packing.check_options(settings.pack_below, config.get("pack_compile_ahead", 0))
   if not 0.0 <= settings.ema_decay < 1.0:  # NaN fails too
     raise ValueError(f"ema_decay {settings.ema_decay} must be in [0, 1): the weight of the "
                      "previous average in the policy's moving average (0: off)")
   _validate_resample_rounds(config)
-  ahead = config.get("pack_compile_ahead", 0)
-  if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
-    raise ValueError(f"pack_compile_ahead {ahead!r} must be an int >= 0: how many packed "
-                     "slot counts to compile ahead of need (0: none)")
 
 
 def _validate_resample_rounds(config) -> None:

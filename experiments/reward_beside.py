@@ -48,6 +48,7 @@ import numpy as np
 
 from experiments import common, preference_data
 from experiments import reward_model as rm_trainer
+from jaxrl_agents import types
 from jaxrl_agents.objectives import losses
 from jaxrl_agents.rewards import learned
 from jaxrl_agents.rollout import single_turn
@@ -210,6 +211,21 @@ class RewardModelBeside:
                                max_len=r.max_len, chat=r.chat, system=r.system,
                                batch_size=r.batch_size)
 
+  def scored_rollout(self, state: rm_trainer.RMState, r: types.Rollout, rng
+                     ) -> tuple[types.Rollout, dict[str, float]]:
+    """The rollout with this model's scores (times its weight) added to its rewards, and
+    what the step's pairs (drawn from `rng`) say of the model before it trains on them."""
+    scores = self.score(state, r.examples, r.completions)
+    total = r.rewards + self.weight * scores
+    r = dataclasses.replace(r, traj=types.with_outcome(r.traj, total), rewards=total,
+                            components={**r.components, NAME: scores})
+    return r, fresh_metrics(scores, self.pairs(r.completions, r.correct, _seed(rng)))
+
+  def pairs_batch(self, r: types.Rollout, rng):
+    """The batch of the pairs `scored_rollout` measured (the same `rng`), or None if none."""
+    pairs = self.pairs(r.completions, r.correct, _seed(rng))
+    return self.batch(r.examples, r.completions, pairs) if len(pairs.chosen) else None
+
   def pairs(self, completions: Sequence[str], correct: np.ndarray, seed: int) -> Pairs:
     groups = preferred_rows(self.labels, completions, correct, self.group_size,
                             self.read_answer)
@@ -232,6 +248,11 @@ class RewardModelBeside:
     # Its accuracy and margin on these pairs are fresh_metrics' (scored before the step).
     return state, {f"{NAME}/loss": metrics["loss"], f"{NAME}/grad_norm": metrics["grad_norm"],
                    f"{NAME}/skipped_updates": state.opt_state.total_notfinite}
+
+
+def _seed(rng) -> int:
+  """A Python int seed from a step's key (the pair draw)."""
+  return int(jax.random.randint(rng, (), 0, 2**31 - 1))
 
 
 def fresh_metrics(scores: np.ndarray, pairs: Pairs) -> dict[str, float]:

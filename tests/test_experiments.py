@@ -379,10 +379,10 @@ def test_tied_groups_leave_the_update_and_its_token_mean():
   # leaves of their advantages.
   tied_rewards = np.full((config.prompts_per_step, g), 1.2, np.float32)
   tied_rewards[0, 0] = 0.2
-  masked = np.asarray(grpo.without_tied_groups(traj, tied_rewards, g).policy_mask)
+  masked = np.asarray(groups.without_tied_groups(traj, tied_rewards, g).policy_mask)
   assert masked[:g].any() and not masked[g:].any()
   with pytest.raises(ValueError, match="one row of"):
-    grpo.without_tied_groups(traj, tied_rewards[:, :-1], g)
+    groups.without_tied_groups(traj, tied_rewards[:, :-1], g)
   turn = grpo_frozen_lake.get_config("tiny")
   turn.turn_credit.name = "turn"
   grpo.validate(turn)  # valid as it is

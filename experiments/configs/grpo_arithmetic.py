@@ -61,6 +61,36 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
 
+  _task_and_rewards(c)
+  _rollout(c)
+  _objective(c)
+  _optimizer(c)
+  _devices_and_run(c)
+
+  if variant == "tiny":
+    return _tiny(c)
+  if variant == "reward_model":
+    # A trained reward model is the only reward; the grader still measures accuracy.
+    c.rewards = ml_collections.ConfigDict(
+        {"reward_model": {"weight": 1.0, "workdir": "runs/rm_reads", "step": 0}})
+    # The policy finds what the reward model overrates (a wrong number in the right
+    # form, text after the answer) within minutes: a KL penalty to the initial policy
+    # slows that (get_config adds the main job's exploration controls).
+    c.kl_coef = 0.1
+    c.time_budget_s = 1800.0
+    c.eval_every, c.eval_every_s = 0, 600.0
+    c.steps = 1000
+    return c
+  if variant == "reward_model_beside":
+    return _reward_model_beside(c)
+  if variant:
+    raise ValueError(f"unknown variant {variant!r}; expected 'tiny', 'reward_model', "
+                     "'reward_model_beside' or none")
+  return c
+
+
+def _task_and_rewards(c: ml_collections.ConfigDict) -> None:
+  """The prompts, their template, the rewards and the grader."""
   # Data: a registered task ("arithmetic/<config>", "countdown") or a JSONL file.
   c.task = "arithmetic/mixed"
   c.jsonl_path = ""  # your own prompts: {"prompt": ..., "answer": ...} per line
@@ -96,7 +126,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.reward_model_beside = ml_collections.ConfigDict(dict(
       pairs_per_step=0, labels="grader", learning_rate=1e-5, head_learning_rate=1e-4))
 
-  # Rollout.
+
+def _rollout(c: ml_collections.ConfigDict) -> None:
+  """How many prompts and replies a step samples, and how."""
   c.steps = 50
   c.prompts_per_step = 4  # groups per update
   c.group_size = 8
@@ -108,10 +140,10 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # groups (groups.resample_until_varied; 0: off).
   c.resample_rounds = 0
   # Leave the groups whose rewards tie (zero advantage) out of the update's token mean
-  # and its packed tokens (experiments.grpo.without_tied_groups).
+  # and its packed tokens (rollout.groups.without_tied_groups).
   c.drop_tied_groups = False
   # Leave the rows whose advantages are all 0 out of the update's compute, scaling the
-  # loss so the step is the one of training on them (experiments.grpo.
+  # loss so the step is the one of training on them (rollout.groups.
   # without_zero_advantage_rows; needs no KL, entropy bonus or token control).
   c.skip_zero_advantage_rows = False
   c.max_new_tokens = 32
@@ -123,6 +155,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # to float rounding, the long replies no longer paying for the finished rows.
   c.compact_min_rows = 0
 
+
+def _objective(c: ml_collections.ConfigDict) -> None:
+  """The advantage, the policy loss and its controls, KL, packing, the average."""
   # Objective (names from the registry; see docs/objectives.md). The advantage is a
   # "group_advantage" over the total rewards, or a "component_advantage" (gdpo) over
   # the rewards' components weighted as in c.rewards.
@@ -177,6 +212,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # rollouts sample the policy itself. 0: off, the policy is evaluated.
   c.ema_decay = 0.0
 
+
+def _optimizer(c: ml_collections.ConfigDict) -> None:
+  """AdamW's schedule, the overlapped rollout and its off-policy correction."""
   # decay ("constant", "cosine", "linear") runs on `clock`: applied updates, or
   # "train_time", the fraction of time_budget_s spent (for time-budgeted runs). It spans
   # the first `decay_over` of the clock; the rate then holds at end_fraction x peak.
@@ -196,6 +234,9 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # (losses/off_policy.py). Needs top_p=1, top_k=0; not with gspo.
   c.off_policy = ml_collections.ConfigDict(dict(correction="none", cap=2.0))
 
+
+def _devices_and_run(c: ml_collections.ConfigDict) -> None:
+  """Devices, layout, time budget, logging, evaluation and checkpoints."""
   # Devices (jaxrl_agents/parallel/sharding.py): rows split over data x fsdp, weights and
   # optimizer moments over fsdp (and tensor); -1 takes the devices left over. All
   # 1: one device.
@@ -227,27 +268,6 @@ def base_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # Modules of one's own to import before any name is checked, so the rewards, environments,
   # losses or models they register can be named here (docs/extending.md).
   c.imports = ()
-
-  if variant == "tiny":
-    return _tiny(c)
-  if variant == "reward_model":
-    # A trained reward model is the only reward; the grader still measures accuracy.
-    c.rewards = ml_collections.ConfigDict(
-        {"reward_model": {"weight": 1.0, "workdir": "runs/rm_reads", "step": 0}})
-    # The policy finds what the reward model overrates (a wrong number in the right
-    # form, text after the answer) within minutes: a KL penalty to the initial policy
-    # slows that (get_config adds the main job's exploration controls).
-    c.kl_coef = 0.1
-    c.time_budget_s = 1800.0
-    c.eval_every, c.eval_every_s = 0, 600.0
-    c.steps = 1000
-    return c
-  if variant == "reward_model_beside":
-    return _reward_model_beside(c)
-  if variant:
-    raise ValueError(f"unknown variant {variant!r}; expected 'tiny', 'reward_model', "
-                     "'reward_model_beside' or none")
-  return c
 
 
 def _reward_model_beside(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -90,6 +90,21 @@ class PolicyObjective:
     if not self.off_policy_cap > 1.0:
       raise ValueError(f"off_policy.cap must be > 1, got {self.off_policy_cap}")
 
+  def terms_beside_advantage(self) -> list[str]:
+    """The objective's terms that give a row a gradient (or change a denominator) even
+    where its advantages are all 0, each as the setting that turns it on."""
+    terms = []
+    if self.kl_on:
+      terms.append("kl_coef > 0 (a KL term has a gradient on every row)")
+    if self.entropy_coef:
+      terms.append(f"entropy_coef {self.entropy_coef} (so has an entropy bonus)")
+    if self.token_control != "none":
+      terms.append(f"token_control {self.token_control!r} (it ranks the tokens of every row)")
+    if self.off_policy_correction == "mis":
+      terms.append("off_policy.correction 'mis' (it drops tokens of every row from the "
+                   "token mean's denominator)")
+    return terms
+
   @property
   def needs_ref_logits(self) -> bool:
     return self.kl_on and self.kl == FORWARD_KL
@@ -132,6 +147,17 @@ def controlled_mask(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
 
 # Metrics that have a value on a batch without policy tokens (besides counts, num_*).
 _MEASURED_WITHOUT_TOKENS = ("kl_coef", "pg_loss", "loss")
+
+
+def kl_term(hp: PolicyObjective, logp: jax.Array, mask: jax.Array, ref_logp: jax.Array | None,
+            kl_per_token: jax.Array | None) -> jax.Array:
+  """The aggregated KL to the reference: a sampled-token estimator over `ref_logp`, or the
+  exact per-position `kl_per_token` where given."""
+  if kl_per_token is None:
+    kl, _ = kl_lib.kl_loss(logp, ref_logp, mask, estimator=hp.kl, aggregation=hp.aggregation,
+                           normalizer=hp.normalizer)
+    return kl
+  return aggregate(jnp.where(mask, kl_per_token, 0.0), mask, hp.aggregation, hp.normalizer)
 
 
 def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
@@ -177,11 +203,7 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
       normalizer=hp.normalizer, **dict(hp.loss_kwargs))
   metrics = {**metrics, **loss_metrics}
   if hp.kl_on:
-    if kl_per_token is None:
-      kl, _ = kl_lib.kl_loss(logp, ref_logp, mask, estimator=hp.kl, aggregation=hp.aggregation,
-                             normalizer=hp.normalizer)
-    else:
-      kl = aggregate(jnp.where(mask, kl_per_token, 0.0), mask, hp.aggregation, hp.normalizer)
+    kl = kl_term(hp, logp, mask, ref_logp, kl_per_token)
     loss = loss + beta * kl
     metrics["kl"] = kl
     metrics["kl_coef"] = jnp.asarray(beta, jnp.float32)
@@ -190,14 +212,16 @@ def policy_objective(hp: PolicyObjective, logp: jax.Array, entropy: jax.Array,
                                          normalizer=hp.normalizer)
     loss = loss - hp.entropy_coef * bonus
   metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
-  # A batch without policy tokens (every group tied and dropped) measured nothing: its
-  # per-token statistics are NaN, not 0, so a step's NaN-aware mean over minibatches
-  # skips them and a KL controller is not told the KL was 0. Counts (num_*), the
-  # coefficient and the losses keep their values: a count of 0 is measured, and the
-  # loss stays a finite 0 (a zero gradient, not a skipped update; AdamW still applies
-  # its momentum, and the schedule advances, as on any step).
+  return loss, {**_unmeasured_as_nan(metrics, mask), "loss": loss}
+
+
+def _unmeasured_as_nan(metrics: dict[str, jax.Array], mask: jax.Array) -> dict[str, jax.Array]:
+  """A batch without policy tokens (every group tied and dropped) measured nothing: its
+  per-token statistics are NaN, not 0, so a step's NaN-aware mean over minibatches
+  skips them and a KL controller is not told the KL was 0. Counts (num_*), the
+  coefficient and the losses keep their values: a count of 0 is measured, and the
+  loss stays a finite 0 (a zero gradient, not a skipped update; AdamW still applies
+  its momentum, and the schedule advances, as on any step)."""
   measured = jnp.any(mask)
-  metrics = {k: v if k in _MEASURED_WITHOUT_TOKENS or k.startswith("num_")
-             else jnp.where(measured, v, jnp.nan) for k, v in metrics.items()}
-  metrics["loss"] = loss
-  return loss, metrics
+  return {k: v if k in _MEASURED_WITHOUT_TOKENS or k.startswith("num_")
+          else jnp.where(measured, v, jnp.nan) for k, v in metrics.items()}

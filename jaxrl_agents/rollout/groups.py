@@ -1,5 +1,6 @@
-"""Groups of a GRPO batch: which groups carry signal, oversampling's selection, and DAPO's
-dynamic sampling (more prompts sampled while too few groups' rewards vary).
+"""Groups of a GRPO batch: which groups carry signal, oversampling's selection, DAPO's
+dynamic sampling (more prompts sampled while too few groups' rewards vary), and the
+rows left out of an update's policy tokens (tied groups, rows without advantage).
 
 A group is one prompt's `group_size` rows (rows are group-major). A group whose rewards
 all tie gets zero group-relative advantage: it adds compute and dilutes a token mean, but
@@ -12,9 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import types
+from jaxrl_agents.objectives.losses import aggregation as aggregation_lib
 from jaxrl_agents.parallel import distributed
 from jaxrl_agents.rollout import single_turn
 from jaxrl_agents.types import Collect, Rollout
@@ -121,3 +124,69 @@ def resample_until_varied(collect: Collect, params, next_examples: Callable[[], 
   if len(rounds) == 1:
     return first, extra
   return varied_first(rounds, group_size, max_new_tokens), extra
+
+
+def without_tied_groups(traj: types.Trajectory, rewards: np.ndarray, group_size: int
+                        ) -> types.Trajectory:
+  """`traj` with no policy tokens in the groups whose rewards tie.
+
+  Ties are read from the rewards (`tied_groups`, the rule `kept_groups`
+  and the estimators use: all rewards equal). Such a group adds no policy
+  gradient (its advantages are exactly 0), but its
+  tokens count in a token mean's denominator: with 1 group of 4 that varies,
+  the update moves the policy a quarter as far as with 4, so the step size
+  falls just when the signal is scarce. Masked out, those rows also cost a
+  packed update nothing. DAPO's dynamic sampling trains on varied groups only
+  in the same way (it resamples to fill the batch; here the batch's shape stays
+  fixed and the tied rows are masked). The rows stay in the batch, so shapes do
+  not change; the loss's terms that read the mask (KL, entropy bonus, the
+  entropy logged) then cover the varied groups only.
+
+  Args:
+    traj: B = groups x `group_size` rows.
+    rewards: f32[groups, group_size] the groups' total rewards.
+  """
+  if rewards.shape != (traj.tokens.shape[0] // group_size, group_size):
+    raise ValueError(f"rewards {rewards.shape} are not one row of {group_size} per group of "
+                     f"the {traj.tokens.shape[0]} trajectory rows")
+  varied = np.repeat(~tied_groups(rewards), group_size)
+  return traj.replace(policy_mask=traj.policy_mask & jnp.asarray(varied)[:, None])
+
+
+def without_zero_advantage_rows(traj: types.Trajectory, advantages: jax.Array,
+                               aggregation: str) -> tuple[types.Trajectory, jax.Array]:
+  """`traj` without policy tokens in the rows whose advantages are all 0, and the f32[]
+  factor that makes the loss over the rest the loss over all rows.
+
+  Such a row adds nothing to the policy gradient (every registered policy loss
+  multiplies by the advantage) where the objective has no KL, no entropy bonus
+  and no token control that ranks tokens across rows (`validate` checks), but
+  it counts in the aggregation's denominator. Left out, a packed update does
+  not pay for its tokens; scaled by `skipped_loss_scale`, the gradient is the
+  one of training on it (to float rounding). Unlike `without_tied_groups`, the
+  step size does not change. The logged token statistics (entropy, clip
+  fraction) then cover the rows that were computed.
+
+  Args:
+    traj: B rows.
+    advantages: f32[B] or f32[B, T] (turn-level credit).
+    aggregation: the objective's aggregation mode.
+  """
+  mask = distributed.to_host(traj.policy_mask)  # (a multi-host run's is global)
+  adv = distributed.to_host(advantages)
+  if adv.ndim == 1:
+    adv = adv[:, None]
+  # NaN != 0: a row with a non-finite advantage stays, for the run's checks to see.
+  signal = np.any((adv != 0) & mask, axis=1)
+  scale = skipped_loss_scale(mask, mask & signal[:, None], aggregation)
+  return (traj.replace(policy_mask=traj.policy_mask & jnp.asarray(signal)[:, None]),
+          jnp.float32(scale))
+
+
+def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> float:
+  """The factor from the `aggregation` of a loss over the tokens of mask `kept` to its
+  aggregation over those of `full`, where the loss is 0 on the tokens only `full` holds:
+  the ratio of the two denominators (`aggregation.denominator`; 1 for
+  "seq-mean-token-sum-norm", whose constant does not depend on the mask)."""
+  return float(aggregation_lib.denominator(kept, aggregation)
+               / aggregation_lib.denominator(full, aggregation))

@@ -255,7 +255,7 @@ def rollout(params, cfg: lm.CausalLM, tok, env: base.HostEnv,
   """
   template = multiturn.turn_template(tok, system, getattr(env, "preamble", ()))
   episodes = [env.episode(task) for task in tasks for _ in range(group_size)]
-  b, fails = len(episodes), _Failures(len(episodes))
+  fails = _Failures(len(episodes))
   rows = [list(template.opening) + tokenizer_lib.plain_ids(tok, text) + list(template.to_reply)
           for text in _first_messages(episodes, group_size, step_timeout_s, fails)]
   ids, mask = tokenizer_lib.pad_left(rows, 0, shapes.prompt_width(max(map(len, rows))))
@@ -274,19 +274,7 @@ def rollout(params, cfg: lm.CausalLM, tok, env: base.HostEnv,
     # Special-token text stays in the replies: a tool's tag may be a special token.
     replies = tokenizer_lib.decode_completions(tok, out.tokens, out.lengths,
                                                sampling.stop_tokens, skip_special_tokens=False)
-    live = np.flatnonzero(~done)
-    outcomes = call_all([functools.partial(episodes[i].step, replies[i]) for i in live],
-                        step_timeout_s, check_step)
-    obs, reward, finished, info = [""] * b, np.zeros(b, np.float32), done.copy(), {}
-    for i, outcome in zip(live, outcomes, strict=True):
-      if outcome.failure:
-        fails.add(i, outcome)
-        finished[i] = True
-        continue
-      step = outcome.step
-      obs[i], reward[i], finished[i] = step.obs, float(step.reward), bool(step.done)
-      for name, value in step.info.items():
-        info.setdefault(name, np.zeros(b, np.float32))[i] = float(value)
+    obs, reward, finished, info = _step_all(episodes, replies, done, step_timeout_s, fails)
     finished |= k == num_turns - 1
     obs_block, cut = _tokens(tok, [o if not f else "" for o, f in zip(obs, finished,
                                                                         strict=True)],
@@ -304,6 +292,27 @@ def rollout(params, cfg: lm.CausalLM, tok, env: base.HostEnv,
     if done.all():
       break
   return _finish(ids, mask, records, num_turns, fails, score() if score_answers else None)
+
+
+def _step_all(episodes, replies: list[str], done: np.ndarray, step_timeout_s: float,
+              fails: _Failures) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+  """Each live episode's step on its reply, each under the time limit: (observations,
+  f32[B] rewards, bool[B] finished, {info name: f32[B]}); a failed step ends its episode."""
+  b = len(episodes)
+  live = np.flatnonzero(~done)
+  outcomes = call_all([functools.partial(episodes[i].step, replies[i]) for i in live],
+                      step_timeout_s, check_step)
+  obs, reward, finished, info = [""] * b, np.zeros(b, np.float32), done.copy(), {}
+  for i, outcome in zip(live, outcomes, strict=True):
+    if outcome.failure:
+      fails.add(i, outcome)
+      finished[i] = True
+      continue
+    step = outcome.step
+    obs[i], reward[i], finished[i] = step.obs, float(step.reward), bool(step.done)
+    for name, value in step.info.items():
+      info.setdefault(name, np.zeros(b, np.float32))[i] = float(value)
+  return obs, reward, finished, info
 
 
 def _finish(ids, mask, records: list[dict], num_turns: int, fails: _Failures,

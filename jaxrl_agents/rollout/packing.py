@@ -61,6 +61,16 @@ def with_reply_columns(spec, width: int, columns: tuple[str, ...]):
   return spec._replace(traj=traj, **fields)
 
 
+def check_options(below: float, ahead) -> None:
+  """Refuses a `pack_below` outside (0, 1] or a `pack_compile_ahead` that is not an int >= 0."""
+  if not 0.0 < below <= 1.0:  # NaN fails too
+    raise ValueError(f"pack_below {below} must be in (0, 1]: the fraction of the padded "
+                     "rows' reply columns under which a batch packs (1: always)")
+  if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+    raise ValueError(f"pack_compile_ahead {ahead!r} must be an int >= 0: how many packed "
+                     "slot counts to compile ahead of need (0: none)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Packing:
   """Packing's rule for one run.
@@ -71,7 +81,12 @@ class Packing:
     below: a batch packs only if its slots are at most this fraction of its padded rows'
       reply columns (config.pack_below).
     width: the reply columns a packed batch is padded to (0: its trimmed width).
-    ahead: how many packed slot counts below a batch's to compile after its update.
+    ahead: how many packed slot counts below a batch's to compile after its update
+      (config.pack_compile_ahead; 0: each program compiles when a batch first needs it).
+      Replies shorten as a run learns, and each new program would otherwise stop the run
+      for its compile; not free on a 2-core CPU (the steps beside a compile run slower;
+      docs/grpo_iteration.md#packed-replies). The same programs either way, so the same
+      results.
     minibatches: the update's minibatches (slots bound each minibatch's tokens).
     group_size: rows per shared prompt in scoring.
     columns: the batch fields with one value per trajectory column (`with_reply_columns`).

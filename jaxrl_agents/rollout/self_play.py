@@ -42,14 +42,41 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents import types
 from jaxrl_agents.envs import base
 from jaxrl_agents.models import lm
+from jaxrl_agents.objectives import credit
 from jaxrl_agents.rollout import multiturn
 from jaxrl_agents.rollout import sampler as sampler_lib
 
 PLAYERS = 2
 # The advantage self-play trains with (GRPO's config.advantage): SPIRAL's role-conditioned one.
 ADVANTAGE = "rae"
+
+
+def role_baseline(decay: float = 0.95) -> credit.RoleBaseline:
+  """The per-side return baselines of ADVANTAGE. Like SPIRAL's, the average moves once per
+  game side in batch order (decay per trajectory, not per step)."""
+  return credit.role_baseline(PLAYERS, decay=decay)
+
+
+@functools.lru_cache(maxsize=8)
+def _role_update(decay: float):
+  return jax.jit(role_baseline(decay).update)
+
+
+def role_advantages(r: types.Rollout, baseline: credit.RoleBaselineState, decay: float = 0.95
+                    ) -> tuple[jax.Array, credit.RoleBaselineState]:
+  """ADVANTAGE's f32[B] advantages of a self-play rollout and the baselines after its returns.
+
+  A row with role -1 (a side that never moved, or a game the ply limit cut before
+  it had an outcome) gets 0 and leaves the baselines alone.
+  """
+  if r.roles is None:
+    raise ValueError(f"advantage {ADVANTAGE!r} needs each row's role: a self-play rollout "
+                     "(a two-player environment) has them, this one has none")
+  roles = jnp.asarray(r.roles, jnp.int32)
+  return _role_update(decay)(jnp.asarray(r.rewards, jnp.float32), roles, baseline, roles >= 0)
 
 
 class Carry(NamedTuple):

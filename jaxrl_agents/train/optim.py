@@ -91,6 +91,16 @@ class Optimizer(NamedTuple):
   scale: Callable[[jax.Array], jax.Array]
 
 
+def _check_groups(groups: Mapping[str, Mapping[str, Any]], label_fn, settings: dict) -> None:
+  if label_fn is None:
+    raise ValueError("optimizer groups need a label_fn mapping params to group labels")
+  for label, overrides in groups.items():
+    unknown = sorted(set(overrides) - set(settings))
+    if unknown:
+      raise ValueError(f"optimizer group {label!r}: unknown setting(s) {unknown}; "
+                       f"settings: {sorted(settings)}")
+
+
 def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
     decay: str = "constant", end_fraction: float = 0.0, clock: str = "updates",
@@ -137,13 +147,7 @@ def make_optimizer(
 
   main, schedule = adamw(**settings)
   if groups:
-    if label_fn is None:
-      raise ValueError("optimizer groups need a label_fn mapping params to group labels")
-    for label, overrides in groups.items():
-      unknown = sorted(set(overrides) - set(settings))
-      if unknown:
-        raise ValueError(f"optimizer group {label!r}: unknown setting(s) {unknown}; "
-                         f"settings: {sorted(settings)}")
+    _check_groups(groups, label_fn, settings)
     transforms = {"default": main,
                   **{label: adamw(**{**settings, **dict(overrides)})[0]
                      for label, overrides in groups.items()}}

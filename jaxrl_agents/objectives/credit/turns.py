@@ -165,6 +165,12 @@ def turn_returns(
   return jnp.where(tm, returns.T, 0.0)
 
 
+def _check_group_size(batch: int, group_size: int) -> None:
+  if group_size < 1 or batch % group_size:
+    raise ValueError(f"group_size must be a positive divisor of the batch size {batch}, "
+                     f"got {group_size!r}")
+
+
 def step_group_advantages(
   returns: jax.Array,
   state_keys: jax.Array,
@@ -205,9 +211,7 @@ def step_group_advantages(
   check_rank("state_keys", state_keys, 2)
   check_same_shape([("returns", returns), ("state_keys", state_keys)])
   b, k = returns.shape
-  if group_size < 1 or b % group_size:
-    raise ValueError(f"group_size must be a positive divisor of the batch size {b}, "
-                     f"got {group_size!r}")
+  _check_group_size(b, group_size)
   n = group_size * k
   r = returns.reshape(-1, n)
   keys = state_keys.reshape(-1, n)

@@ -26,7 +26,7 @@ def denominator(mask: jax.Array, mode: str = "token-mean",
   mean over sequences divides by): the policy tokens, the sequences with one, or B * L.
 
   A loss that is 0 on some rows can be aggregated without them and rescaled by the
-  ratio of the denominators with and without (experiments.grpo.skipped_loss_scale).
+  ratio of the denominators with and without (rollout.groups.skipped_loss_scale).
   """
   m = mask.astype(jnp.float32)
   if mode == "token-mean":

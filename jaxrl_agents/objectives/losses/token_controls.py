@@ -43,6 +43,15 @@ def _valid_count(mask: jax.Array, per_sequence: bool) -> jax.Array:
   return m.sum(axis=-1, keepdims=True) if per_sequence else m.sum()
 
 
+def _token_covariance(logp: jax.Array, advantages: jax.Array, m: jax.Array, n: jax.Array
+                      ) -> jax.Array:
+  """c_t = (logp_t - mean logp) * (A_t - mean A) over the n valid tokens of `m`; 0 elsewhere."""
+  mf = m.astype(logp.dtype)
+  lp_c = logp - (logp * mf).sum() / n
+  adv_c = advantages - (advantages * mf).sum() / n
+  return jnp.where(m, lp_c * adv_c, 0.0)
+
+
 def covariance_clip_mask(
   logp: jax.Array,
   advantages: jax.Array,
@@ -83,14 +92,8 @@ def covariance_clip_mask(
   """
   check_bt(logp=logp, advantages=advantages, mask=mask)
   m = mask.astype(bool)
-  mf = m.astype(logp.dtype)
-  n = jnp.maximum(mf.sum(), 1.0)
-  logp = jax.lax.stop_gradient(logp)
-  advantages = jax.lax.stop_gradient(advantages)
-  lp_c = logp - (logp * mf).sum() / n
-  adv_c = advantages - (advantages * mf).sum() / n
-  cov = jnp.where(m, lp_c * adv_c, 0.0)
-
+  n = jnp.maximum(m.sum().astype(logp.dtype), 1.0)
+  cov = _token_covariance(jax.lax.stop_gradient(logp), jax.lax.stop_gradient(advantages), m, n)
   count = _valid_count(m, per_sequence)
   num_drop = jnp.floor(frac * count + _COUNT_TOL)
   rank = _rank_descending(cov, m, per_sequence)
