@@ -257,9 +257,10 @@ def check_prompt_lengths(config, model: zoo.Model, examples, path: str) -> int:
   return too_long
 
 
-def episodes(config, model: zoo.Model):
+def episodes(config, model: zoo.Model, credit=None):
   """(collect, evaluate, data) of the episodes the config names: an environment's
-  (`env_loop.make`), or a task's prompts with their rewards (`single_turn.single_turn_collector`).
+  (`env_loop.make`, with what the trainer's credit asks of them: `env_loop.Credit`), or a
+  task's prompts with their rewards (`single_turn.single_turn_collector`).
 
   collect(params, examples, rng) -> (types.Rollout, extra scalars); evaluate(params) ->
   (record, samples), or None; data: the loader whose batches `collect` takes (its position
@@ -268,7 +269,7 @@ def episodes(config, model: zoo.Model):
   if config.get("env"):
     from jaxrl_agents.rollout import env_loop
 
-    collect, evaluate, data = env_loop.make(config, model)
+    collect, evaluate, data = env_loop.make(config, model, credit)
     return collect, evaluate if config.eval_size else None, data
   train_source, eval_examples = task_examples(config)
   if config.jsonl_path:  # user data: every prompt checked before anything compiles

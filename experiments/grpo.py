@@ -40,7 +40,7 @@ from jaxrl_agents.objectives import policy_objective as objective_lib
 from jaxrl_agents.objectives.losses import kl as kl_lib
 from jaxrl_agents.objectives.losses import kl_control
 from jaxrl_agents.parallel import sharding
-from jaxrl_agents.rollout import groups, packing, records, scoring, self_play
+from jaxrl_agents.rollout import env_loop, groups, packing, records, scoring, self_play
 from jaxrl_agents.train import harness, overlap, precompile
 from jaxrl_agents.train import optim as optim_lib
 
@@ -574,6 +574,20 @@ def _validate_role_advantage(config) -> None:
     raise ValueError(f"advantage_kwargs.decay must be in [0, 1), got {decay}")
 
 
+def episode_credit(config) -> env_loop.Credit:
+  """What GRPO's turn credit asks of an environment's episodes."""
+  tc = config.get("turn_credit", None)
+  name = tc.name if tc is not None else "episode"
+  shaping = config.get("potential_shaping", False)
+  if name == "igpo" and shaping:
+    raise ValueError("turn_credit 'igpo' rewards turns by information gain; "
+                     "potential_shaping would rewrite the same rewards: use one")
+  return env_loop.Credit(
+      name=f"turn_credit {name!r}", state_keys=name == "gigpo", information_gain=name == "igpo",
+      shaping_gamma=(float(tc.gamma) if tc is not None else 1.0) if shaping else None,
+      self_play=config.advantage == ROLE_ADVANTAGE)
+
+
 def evaluate_policy(evaluate, state: GRPOState) -> tuple[dict, list[dict]]:
   """`evaluate` of the policy, or of its moving average (config.ema_decay) with the policy's
   own scalars beside it under `online/`."""
@@ -589,7 +603,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   validate(config)
   model = common.load_model(config)
   grpo = GRPO(config, model.cfg)
-  collect, evaluate, data = common.episodes(config, model)
+  collect, evaluate, data = common.episodes(config, model, episode_credit(config))
   mesh = sharding.for_config(config)
   watch = records.NoSignalWatch()  # warns when every group ties step after step
 

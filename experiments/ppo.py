@@ -43,7 +43,7 @@ from jaxrl_agents.objectives import advantages as advantages_lib
 from jaxrl_agents.objectives import credit, losses
 from jaxrl_agents.objectives import policy_objective as objective_lib
 from jaxrl_agents.parallel import sharding
-from jaxrl_agents.rollout import records, scoring
+from jaxrl_agents.rollout import env_loop, records, scoring
 from jaxrl_agents.train import harness
 from jaxrl_agents.train import optim as optim_lib
 
@@ -263,12 +263,27 @@ def validate(config) -> None:
       raise ValueError(f"{key} must be in [0, 1], got {config.get(key)}")
 
 
+def episode_credit(config) -> env_loop.Credit:
+  """What PPO's gae_level asks of an environment's episodes: potential-based shaping
+  discounts per turn by the credit's own turn_gamma; token-level GAE discounts tokens, not
+  turns, so it takes shaping only undiscounted (gamma = 1)."""
+  level = config.get("gae_level", "token")
+  shaping = None
+  if config.get("potential_shaping", False):
+    if level == "token" and config.gamma != 1:
+      raise ValueError("potential_shaping discounts per turn, PPO's gae_level 'token' per "
+                       f"token: use gamma=1 with it (got {config.gamma}) or gae_level "
+                       "'turn'/'bilevel'")
+    shaping = 1.0 if level == "token" else float(config.turn_gamma)
+  return env_loop.Credit(name=f"gae_level {level!r}", shaping_gamma=shaping)
+
+
 def train(config, workdir: str, progress: bool = True) -> dict:
   """Runs (or resumes) a PPO experiment in `workdir`; returns the last eval record."""
   validate(config)
   model = common.load_model(config)
   ppo = PPO(config, model.cfg)
-  collect, evaluate, data = common.episodes(config, model)
+  collect, evaluate, data = common.episodes(config, model, episode_credit(config))
   mesh = sharding.for_config(config)
   watch = records.NoSignalWatch()  # warns when the gradient is zero step after step
 

@@ -1,5 +1,11 @@
-"""Every objective of the library selected from a config and run on the tiny preset."""
+"""Every objective of the library selected from a config and run on the tiny preset.
 
+The objective variants run as GRPO's own batch preparation and jitted update on one
+rollout of the tiny model (collected once, `_rollout`), not as whole runs; what a whole
+run adds (the command line, checkpointing the controller, the harness's stop) keeps one
+run each."""
+
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import grpo, ppo
+from experiments import common, grpo, ppo
 from experiments.configs import grpo_arithmetic, ppo_arithmetic
 from jaxrl_agents import registry, types
 from jaxrl_agents.models import zoo
@@ -34,6 +40,38 @@ def _tiny(steps=2, **overrides):
   return config
 
 
+@pytest.fixture(scope="module")
+def tiny_model():
+  return zoo.load("tiny")
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_model):
+  """One rollout of the tiny config's collector (3 prompts x 4 replies), with half the
+  rows counted correct (an accuracy-conditioned KL reads it)."""
+  config = _tiny()
+  collect, _, data = common.episodes(config, tiny_model)
+  r, _ = collect(tiny_model.params, next(data), jax.random.key(0))
+  correct = (np.arange(len(r.correct)) % 2).astype(np.float32)
+  return dataclasses.replace(r, correct=correct, rewards=np.asarray(r.rewards) + correct,
+                             traj=types.with_outcome(r.traj, np.asarray(r.rewards) + correct))
+
+
+def _updates(config, model, r, steps=1):
+  """`steps` of GRPO's prepare and jitted update on rollout `r`: the metrics of each and the
+  KL coefficient each ran with."""
+  algorithm = grpo.GRPO(config, model.cfg)
+  state = algorithm.init_state(jax.tree.map(jnp.copy, model.params), jax.random.key(0))
+  records = []
+  for step in range(steps):
+    beta = None if state.kl_ctl is None else float(state.kl_ctl.beta)  # before the donation
+    batch = algorithm.prepare(state, r, jax.random.key(10 + step))
+    state, metrics = algorithm.update(state, batch, jax.random.key(20 + step), step / steps)
+    records.append({**{k: float(v) for k, v in jax.device_get(metrics).items()},
+                    "beta_before": beta})
+  return records
+
+
 def _train_records(workdir):
   return [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
           if r["kind"] == "train"]
@@ -54,10 +92,10 @@ def test_each_loss_gets_its_own_hyperparameters():
 
 
 @pytest.mark.parametrize("policy_loss", ["gspo", "reinforce", "cispo"])
-def test_other_policy_losses_run_with_the_shipped_config(tmp_path, policy_loss):
-  grpo.train(_tiny(policy_loss=policy_loss), str(tmp_path), progress=False)
-  records = _train_records(str(tmp_path))
-  assert len(records) == 2 and all(np.isfinite(r["loss"]) for r in records)
+def test_other_policy_losses_run_with_the_shipped_config(tiny_model, rollout, policy_loss):
+  records = _updates(_tiny(policy_loss=policy_loss), tiny_model, rollout, steps=2)
+  assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in records)
+  assert records[0]["grad_norm"] > 0  # the rollout's rewards vary: there is a gradient
 
 
 def test_dual_clip_from_the_command_line(tmp_path):
@@ -73,31 +111,31 @@ def test_dual_clip_from_the_command_line(tmp_path):
 
 @pytest.mark.parametrize("name, frac, metric", [("covariance_clip", 0.25, "dropped_frac"),
                                                 ("entropy_gate", 0.5, "kept_frac")])
-def test_token_controls_from_the_config(tmp_path, name, frac, metric):
-  grpo.train(_tiny(**{"token_control.name": name, "token_control.frac": frac}), str(tmp_path),
-             progress=False)
-  for r in _train_records(str(tmp_path)):
+def test_token_controls_from_the_config(tiny_model, rollout, name, frac, metric):
+  config = _tiny(**{"token_control.name": name, "token_control.frac": frac})
+  for r in _updates(config, tiny_model, rollout):
     # floor / ceil of frac x the batch's policy tokens: within one token of frac.
     assert abs(r[metric] - frac) < 0.05, r
 
 
-def test_forward_kl_starts_at_zero_and_stays_finite(tmp_path):
-  grpo.train(_tiny(kl_coef=0.1, kl_estimator="forward", steps=3), str(tmp_path), progress=False)
-  kl = [r["kl"] for r in _train_records(str(tmp_path))]
+def test_forward_kl_starts_at_zero_and_stays_finite(tiny_model, rollout):
+  kl = [r["kl"] for r in _updates(_tiny(kl_coef=0.1, kl_estimator="forward"), tiny_model,
+                                  rollout, steps=3)]
   assert abs(kl[0]) < 1e-5  # the policy is the reference before the first update
   assert all(np.isfinite(kl)) and kl[-1] > 0
 
 
+def _controller_config(controller, steps=3):
+  return _tiny(steps=steps, kl_coef=0.2, **{"kl_controller.name": controller,
+                                            "kl_controller.target": 1e-6,
+                                            "kl_controller.horizon": 12.0,
+                                            "kl_controller.beta_min": 0.05})
+
+
 @pytest.mark.parametrize("controller", ["fixed", "adaptive", "accuracy"])
-def test_kl_controllers_move_the_coefficient_and_are_checkpointed(tmp_path, controller):
-  config = _tiny(steps=3, kl_coef=0.2, **{"kl_controller.name": controller,
-                                          "kl_controller.target": 1e-6,
-                                          "kl_controller.horizon": 12.0,
-                                          "kl_controller.beta_min": 0.05})
-  config.grader = "short_reply"  # an accuracy the tiny model reaches, for the "accuracy" rule
-  grpo.train(config, str(tmp_path), progress=False)
-  records = _train_records(str(tmp_path))
-  betas = [r["kl_coef"] for r in records]
+def test_kl_controllers_move_the_coefficient(tiny_model, rollout, controller):
+  records = _updates(_controller_config(controller), tiny_model, rollout, steps=3)
+  betas = [r["beta_before"] for r in records]
   if controller == "fixed":
     np.testing.assert_allclose(betas, 0.2)
   elif controller == "adaptive":
@@ -109,11 +147,17 @@ def test_kl_controllers_move_the_coefficient_and_are_checkpointed(tmp_path, cont
       assert after == pytest.approx(before * (1 + error), rel=1e-5)
     assert betas[1] == pytest.approx(0.16, rel=1e-5)
   else:
-    # Starts at beta_min (accuracy 0), then beta_min + (beta_max - beta_min) acc^2.
-    assert betas[0] == pytest.approx(0.05) and records[0]["accuracy"] > 0
-    expected = 0.05 + 0.15 * records[0]["accuracy"] ** 2
-    assert betas[1] == pytest.approx(expected, rel=1e-5)
-  state = checkpointing.Checkpointer(str(tmp_path))._manager.restore(3)["state"]
+    # Starts at beta_min (accuracy 0), then beta_min + (beta_max - beta_min) acc^2, with
+    # the batch's accuracy 0.5.
+    assert betas[0] == pytest.approx(0.05)
+    assert betas[1] == pytest.approx(0.05 + 0.15 * 0.5**2, rel=1e-5)
+
+
+def test_the_kl_controller_is_checkpointed(tmp_path):
+  grpo.train(_controller_config("adaptive", steps=2), str(tmp_path), progress=False)
+  betas = [r["kl_coef"] for r in _train_records(str(tmp_path))]
+  assert betas[0] == pytest.approx(0.2) and betas[1] == pytest.approx(0.16, rel=1e-5)
+  state = checkpointing.Checkpointer(str(tmp_path))._manager.restore(2)["state"]
   assert "kl_ctl" in state and np.isfinite(np.asarray(state["kl_ctl"]["beta"]))
 
 
@@ -125,7 +169,7 @@ def test_adaptive_controller_needs_a_coefficient_and_a_long_enough_horizon():
                                         "kl_controller.horizon": 5.0}))
 
 
-def test_gdpo_normalizes_each_reward_component_in_its_group(tmp_path):
+def test_gdpo_normalizes_each_reward_component_in_its_group(tiny_model, rollout):
   config = _tiny(advantage="gdpo")
   s = grpo.settings_from_config(config)
   assert s.component_weights == (("math_strict", 1.0), ("short_reply", 0.2))
@@ -143,25 +187,23 @@ def test_gdpo_normalizes_each_reward_component_in_its_group(tmp_path):
   expected = advantages.gdpo_advantages(jnp.asarray(stacked.reshape(-1, g, 2)),
                                         jnp.asarray([1.0, 0.2]))
   np.testing.assert_allclose(adv, np.ravel(expected), rtol=1e-6)
-  grpo.train(config, str(tmp_path), progress=False)
-  assert all(np.isfinite(r["loss"]) for r in _train_records(str(tmp_path)))
+  assert all(np.isfinite(r["loss"]) for r in _updates(config, tiny_model, rollout))
 
 
 @pytest.mark.parametrize("combinator", ["lexicographic", "gated"])
-def test_reward_combinators_from_the_config(tmp_path, combinator):
+def test_reward_combinators_from_the_config(combinator):
   config = _tiny(**{"reward_combinator.name": combinator, "reward_combinator.threshold": 1.0})
-  config.sample_every, config.samples_per_log = 1, 100
-  grpo.train(config, str(tmp_path), progress=False)
-  samples = [s for s in metrics_lib.read_jsonl(os.path.join(str(tmp_path), "samples.jsonl"))
-             if s["kind"] == "train"]
-  assert samples
-  for s in samples:
-    strict, short = s["reward/math_strict"], s["reward/short_reply"]
-    if combinator == "lexicographic":  # weights 2/3 and 1/3: strict dominates
-      expected = (2 * strict + short) / 3
-    else:  # short_reply counts only where math_strict passes
-      expected = 1.0 * strict + 0.2 * short * (strict >= 1.0)
-    assert s["reward"] == pytest.approx(expected, abs=1e-6)
+  config.reward_time_limit_s = 0.0  # scored in this process
+  reward_fn, _ = common.make_rewards(config)
+  completions = ["7", "The answer is 7, I think, after some thought.", "8", "x" * 50]
+  total, parts = reward_fn(completions, [{"answer": "7"}] * len(completions))
+  strict, short = parts["math_strict"], parts["short_reply"]
+  assert set(strict) == {0.0, 1.0} and set(short) == {0.0, 1.0}  # both vary here
+  if combinator == "lexicographic":  # weights 2/3 and 1/3: strict dominates
+    expected = (2 * strict + short) / 3
+  else:  # short_reply counts only where math_strict passes
+    expected = 1.0 * strict + 0.2 * short * (strict >= 1.0)
+  np.testing.assert_allclose(total, expected, atol=1e-6)
 
 
 def test_unknown_combinator_is_named():

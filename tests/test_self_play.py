@@ -325,11 +325,11 @@ def test_self_play_configs_are_refused_where_they_mean_nothing(tiny):
   config = grpo_tic_tac_toe_self_play.get_config("tiny")
   config.advantage = "grpo"
   with pytest.raises(ValueError, match="two-player game: self-play trains it"):
-    env_loop.make(config, tiny)
+    env_loop.make(config, tiny, grpo.episode_credit(config))
   config = grpo_tic_tac_toe_self_play.get_config("tiny")
   config.env = "tic_tac_toe"
   with pytest.raises(ValueError, match="'tic_tac_toe' is not a two-player game"):
-    env_loop.make(config, tiny)
+    env_loop.make(config, tiny, grpo.episode_credit(config))
   with pytest.raises(ValueError, match="needs a 2-player environment"):
     self_play.check_env(envs.make("tic_tac_toe", tiny.tokenizer))
 

@@ -262,31 +262,39 @@ def test_turn_credit_is_refused_where_it_cannot_apply():
   config.turn_credit.gamma, config.advantage = 1.0, "rloo"
   with pytest.raises(ValueError, match="advantage='grpo'"):
     grpo.validate(config)
+  tiny = zoo.load("tiny").tokenizer
+
+  def check(config, env_name):  # what env_loop.make checks of GRPO's credit
+    env_loop._check_credit(grpo.episode_credit(config), envs.make(env_name, tiny), env_name)
+
   tool = grpo_calculator.get_config("tiny")
   tool.turn_credit.name = "gigpo"
-  with pytest.raises(ValueError, match="no state_key"):
-    env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+  with pytest.raises(ValueError, match="turn_credit 'gigpo' .* no state_key"):
+    check(tool, "calculator")
   tool.turn_credit.name, tool.potential_shaping = "episode", True
   with pytest.raises(ValueError, match="potential"):
-    env_loop._check_credit(tool, envs.make("calculator", zoo.load("tiny").tokenizer))
+    check(tool, "calculator")
   tool.potential_shaping, tool.turn_credit.name = False, "igpo"
   with pytest.raises(ValueError, match="no answer"):
-    env_loop._check_credit(tool, envs.make("frozen_lake", zoo.load("tiny").tokenizer))
+    check(tool, "frozen_lake")
   game = grpo_guess_number.get_config("tiny")
   game.turn_credit.name, game.potential_shaping = "igpo", True
   with pytest.raises(ValueError, match="use one"):
-    env_loop._check_credit(game, envs.make("guess_number", zoo.load("tiny").tokenizer))
+    check(game, "guess_number")
   # The shaping's discount is the credit's: GRPO's turn_credit.gamma, PPO's turn_gamma.
+  from experiments import ppo
   from experiments.configs import ppo_frozen_lake
 
-  lake = envs.make("frozen_lake", zoo.load("tiny").tokenizer)
-  assert env_loop._check_credit(grpo_guess_number.get_config("tiny"), lake) is None
+  assert grpo.episode_credit(grpo_guess_number.get_config("tiny")).shaping_gamma is None
+  shaped = grpo_guess_number.get_config("tiny")
+  shaped.potential_shaping, shaped.turn_credit.gamma = True, 0.9
+  assert grpo.episode_credit(shaped).shaping_gamma == 0.9
   ppo_config = ppo_frozen_lake.get_config("tiny")
-  ppo_config.turn_gamma = 0.8
-  assert env_loop._check_credit(ppo_config, lake) == 0.8
+  ppo_config.turn_gamma, ppo_config.potential_shaping = 0.8, True
+  assert ppo.episode_credit(ppo_config).shaping_gamma == 0.8
   ppo_config.gae_level, ppo_config.gamma = "token", 0.99
   with pytest.raises(ValueError, match="use gamma=1"):
-    env_loop._check_credit(ppo_config, lake)
+    ppo.episode_credit(ppo_config)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ reached turn k; the analysis notebook's heatmaps read `turn<k>/...`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -142,7 +143,7 @@ def shape_turn_rewards(eps: multiturn.Episodes, gamma: float) -> jax.Array:
   state after the last turn is terminal (phi = 0). The discounted shaped return
   from turn k is the return minus phi(s_k) ("Policy invariance under reward
   transformations", Ng, Harada and Russell): the discount must be the one the
-  credit uses (`_check_credit` picks it), or the shaping changes what is learned.
+  credit uses (the trainer's `Credit.shaping_gamma`), or the shaping changes what is learned.
   """
   phi = eps.turn_potentials
   after = jnp.concatenate([phi, jnp.zeros_like(phi[:, :1])], axis=1)  # not live: 0
@@ -196,20 +197,23 @@ def _weighted(records: list[tuple[int, dict]]) -> dict[str, float]:
   return {**out, "num_examples": total}
 
 
-def make(config, model: zoo.Model):
-  """(collect, evaluate, data) of config.env's episodes (env_kwargs, max_turns)."""
+def make(config, model: zoo.Model, credit_: Credit | None = None):
+  """(collect, evaluate, data) of config.env's episodes (env_kwargs, max_turns), with what
+  the trainer's credit asks of them (`Credit`; None: episode-level credit)."""
+  credit_ = credit_ or Credit()
   tok = model.tokenizer
   env = envs.make(config.env, tok, **dict(config.get("env_kwargs", {})))
-  shaping = _check_credit(config, env)
-  igpo = _uses_igpo(config)
+  _check_credit(credit_, env, config.env)
+  shaping, igpo = credit_.shaping_gamma, credit_.information_gain
   two_players = getattr(env, "num_players", 1) > 1
-  if two_players != (config.get("advantage", None) == self_play.ADVANTAGE):
+  if two_players != credit_.self_play:
     raise ValueError(
-        f"{config.env!r} is a two-player game: self-play trains it with GRPO's advantage 'rae'"
-        if two_players else
-        f"advantage 'rae' is self-play's; {config.env!r} is not a two-player game")
+        f"{config.env!r} is a two-player game: self-play trains it with GRPO's advantage "
+        f"{self_play.ADVANTAGE!r}" if two_players else
+        f"advantage {self_play.ADVANTAGE!r} is self-play's; {config.env!r} is not a "
+        "two-player game")
   if getattr(env, "host", False):
-    return _make_host(config, model, env)
+    return _make_host(config, model, env, igpo)
   if two_players:
     return _make_self_play(config, model, env)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None,
@@ -304,46 +308,43 @@ def self_play_metrics(eps: multiturn.Episodes) -> dict[str, float]:
   return out
 
 
-def _uses_igpo(config) -> bool:
-  tc = config.get("turn_credit", None)
-  return tc is not None and tc.name == "igpo"
+@dataclasses.dataclass(frozen=True)
+class Credit:
+  """What the trainer's credit assignment asks of the episodes (the trainer reads its own
+  keys, e.g. GRPO's turn_credit or PPO's gae_level, into this).
 
-
-def _check_credit(config, env) -> float | None:
-  """Refuses turn-level credit the environment cannot serve; the shaping discount or None.
-
-  The shaping's discount is the credit's own: GRPO's turn_credit.gamma, PPO's
-  turn_gamma (gae_level "turn" or "bilevel"); PPO's token-level GAE discounts
-  tokens, not turns, so it takes shaping only undiscounted (gamma = 1).
+  Attributes:
+    name: the credit as the trainer's config names it, for errors ("turn_credit 'gigpo'").
+    state_keys: every turn's environment-state key (GiGPO's step groups): the
+      environment must have `state_key`.
+    information_gain: the gold answer scored before every turn and after the last
+      (IGPO's turn rewards): the environment must have `answer`.
+    shaping_gamma: potential-based shaping of the turn rewards with this discount per turn
+      (the credit's own); None: off. The environment must have `potential`.
+    self_play: the trainer's advantage is self-play's (a two-player game must have it).
   """
-  tc = config.get("turn_credit", None)
-  if tc is not None and tc.name == "gigpo" and not hasattr(env, "state_key"):
-    raise ValueError(f"turn_credit 'gigpo' groups turns by environment state; {config.env!r} "
+
+  name: str = "episode credit"
+  state_keys: bool = False
+  information_gain: bool = False
+  shaping_gamma: float | None = None
+  self_play: bool = False
+
+
+def _check_credit(credit_: Credit, env, env_name: str) -> None:
+  """Refuses credit the environment cannot serve."""
+  if credit_.state_keys and not hasattr(env, "state_key"):
+    raise ValueError(f"{credit_.name} groups turns by environment state; {env_name!r} "
                      "has no state_key")
-  if tc is not None and tc.name == "igpo":
-    if not hasattr(env, "answer"):
-      raise ValueError(f"turn_credit 'igpo' scores the gold answer after every turn; "
-                       f"{config.env!r} has no answer(task)")
-    if config.get("potential_shaping", False):
-      raise ValueError("turn_credit 'igpo' rewards turns by information gain; "
-                       "potential_shaping would rewrite the same rewards: use one")
-  if not config.get("potential_shaping", False):
-    return None
-  if not hasattr(env, "potential"):
-    raise ValueError(f"potential_shaping needs the environment's potential; {config.env!r} "
+  if credit_.information_gain and not hasattr(env, "answer"):
+    raise ValueError(f"{credit_.name} scores the gold answer after every turn; "
+                     f"{env_name!r} has no answer(task)")
+  if credit_.shaping_gamma is not None and not hasattr(env, "potential"):
+    raise ValueError(f"potential_shaping needs the environment's potential; {env_name!r} "
                      "has none")
-  level = config.get("gae_level", None)  # PPO's
-  if level is None:
-    return float(tc.gamma) if tc is not None else 1.0
-  if level != "token":
-    return float(config.turn_gamma)
-  if config.gamma != 1:
-    raise ValueError("potential_shaping discounts per turn, PPO's gae_level 'token' per token: "
-                     f"use gamma=1 with it (got {config.gamma}) or gae_level 'turn'/'bilevel'")
-  return 1.0
 
 
-def _make_host(config, model: zoo.Model, env):
+def _make_host(config, model: zoo.Model, env, igpo: bool):
   """(collect, evaluate, data) for a host environment (`rollout.host_loop`)."""
   tok = model.tokenizer
   sampling = single_turn.sampling_from_config(config, tok)
@@ -352,7 +353,6 @@ def _make_host(config, model: zoo.Model, env):
   options = dict(num_turns=config.max_turns, obs_tokens=config.get("env_obs_tokens", 64),
                  step_timeout_s=config.get("env_step_timeout_s", 10.0), system=system,
                  answer_tokens=config.get("env_answer_tokens", 32))
-  igpo = _uses_igpo(config)
 
   def play(params, tasks, rng, how, group_size, training=False):
     out = host_loop.rollout(params, model.cfg, tok, env, tasks, rng, how,

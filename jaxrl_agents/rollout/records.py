@@ -58,8 +58,9 @@ class NoSignalWatch:
 
 
 # What the progress bar shows, and what stops a run when it is not finite (`harness.run`'s
-# postfix and finite_keys).
-LOGGED = dict(postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",))
+# postfix and finite_keys), and the eval record keys its log line shows (eval_log).
+LOGGED = dict(postfix=("reward_mean", "accuracy"), finite_keys=("reward_mean",),
+              eval_log=("accuracy", "reward_mean"))
 
 
 def step_record(r: Rollout, extra: Mapping[str, float], update_metrics: Mapping[str, Any], *,

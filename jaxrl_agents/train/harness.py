@@ -296,6 +296,7 @@ class _Run:
   data: Any
   ckpt: checkpointing.Checkpointer
   nonfinite_count: Callable[[Any], tuple[int, int]] | None
+  eval_log: Sequence[str] | None = None  # the eval record keys the log line shows
   writer: metrics_lib.MetricWriter | None = None
   state: Any = None
   step: int = 0
@@ -359,10 +360,10 @@ class _Run:
     result = {**result, "eval_time_s": time.perf_counter() - t0, "train_time_s": self.train_time}
     self.writer.write_scalars(self.step, result, kind="eval")
     self.writer.write_samples(self.step, samples[:self.config.samples_per_log], kind="eval")
+    shown = {k: v for k, v in result.items() if isinstance(v, (int, float))
+             and (k in self.eval_log if self.eval_log is not None else not k.endswith("_s"))}
     log.info("eval at step %d: %s (%.1fs)", self.step,
-             ", ".join(f"{k} {v:.3f}" for k, v in result.items()
-                       if k in ("accuracy", "reward_mean", "loss", "pair_accuracy",
-                                "greedy_accuracy", "held_out_nll")), result["eval_time_s"])
+             ", ".join(f"{k} {v:.3f}" for k, v in shown.items()), result["eval_time_s"])
     self.last_eval, self.last_eval_step = result, self.step
 
   def save(self) -> bool:
@@ -412,8 +413,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
         evaluate: Callable[[Any], tuple[dict, list[dict]]] | None, data,
         nonfinite_count: Callable[[Any], tuple[int, int]] | None = None,
         postfix: Sequence[str] = (), finite_keys: Sequence[str] = (),
-        progress: bool = True, on_exit: Callable[[], None] | None = None,
-        resume_rules: ResumeRules | None = None) -> dict:
+        eval_log: Sequence[str] | None = None, progress: bool = True,
+        on_exit: Callable[[], None] | None = None, resume_rules: ResumeRules | None = None) -> dict:
   """Trains for config.steps steps in `workdir`, resuming from its latest checkpoint.
 
   Args:
@@ -430,6 +431,7 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       the run stops after config.max_consecutive_nonfinite in a row.
     postfix, finite_keys: record keys shown on the progress bar; whose non-finite value
       stops the run (after it is logged).
+    eval_log: the eval record keys its log line shows (None: every scalar but timings).
     progress: show a tqdm progress bar on stderr.
     on_exit: called when the loop ends, however it ends, while the workdir is still
       locked: where a trainer stops its background work.
@@ -447,7 +449,7 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     ckpt = _start_over_if_asked(config, workdir, rules)
     try:
       _check_workdir(config, workdir, ckpt, rules, main)
-      r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count)
+      r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count, eval_log)
       mesh = sharding.for_config(config)  # the state lives sharded by the rules on it
       r.restore(lambda: sharding.shard(init_state(), mesh))
       if main:
