@@ -8,11 +8,14 @@ import os
 import re
 import sys
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments import grpo
 from experiments.configs import env_common, grpo_arithmetic
 from jaxrl_agents import registry
+from jaxrl_agents.objectives import policy_objective as objective_lib
 from jaxrl_agents.tools import list as list_tool
 from jaxrl_agents.train import metrics as metrics_lib
 
@@ -37,7 +40,8 @@ def _guide_files() -> dict[str, str]:
 def my_project(tmp_path, monkeypatch):
   """The guide's `my_project` package on sys.path; its registrations undone afterwards."""
   files = _guide_files()
-  assert {"my_project/config.py", "my_project/rewards.py", "my_project/envs.py"} <= set(files)
+  assert {"my_project/config.py", "my_project/rewards.py", "my_project/envs.py",
+          "my_project/controls.py"} <= set(files)
   (tmp_path / "my_project").mkdir()
   (tmp_path / "my_project" / "__init__.py").write_text("")
   for path, source in files.items():
@@ -48,6 +52,7 @@ def my_project(tmp_path, monkeypatch):
     del sys.modules[module]
   registry._REGISTRY.get("reward", {}).pop("ends_with_period", None)
   registry._REGISTRY.get("env", {}).pop("echo", None)
+  registry._REGISTRY.get("token_control", {}).pop("positive_only", None)
 
 
 def _load_config(path, variant):
@@ -87,6 +92,21 @@ def test_the_guides_reward_trains_through_config_imports(my_project):
   samples = metrics_lib.read_jsonl(str(my_project / "run" / "samples.jsonl"))
   for s in samples:  # the logged component is the guide's function of the logged reply
     assert s["reward/ends_with_period"] == float(s["completion"].rstrip().endswith("."))
+
+
+def test_the_guides_token_control_is_chosen_through_config_imports(my_project):
+  config = grpo_arithmetic.get_config("tiny")
+  config.imports, config.token_control.name = ("my_project.controls",), "positive_only"
+  grpo.validate(config)  # known once its module is imported
+  hp = grpo.settings_from_config(config).objective
+  logp = -jnp.arange(1.0, 7.0).reshape(2, 3) / 4
+  mask = jnp.array([[True, True, False], [True, True, True]])
+  advantages = jnp.array([1.0, -1.0])
+  kept, metrics = objective_lib.controlled_mask(hp, logp, jnp.zeros((2, 3)), advantages, mask)
+  np.testing.assert_array_equal(kept, [[True, True, False], [False, False, False]])
+  assert float(metrics["kept_frac"]) == pytest.approx(2 / 5)
+  loss, _ = objective_lib.policy_objective(hp, logp, jnp.zeros((2, 3)), logp, advantages, mask)
+  assert np.isfinite(loss)
 
 
 def test_the_guides_host_environment_runs_through_config_imports(my_project):
