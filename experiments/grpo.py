@@ -503,7 +503,11 @@ def validate(config) -> None:
   reward_beside.validate(config)
   group, component = registry.names("group_advantage"), registry.names("component_advantage")
   if config.advantage == ROLE_ADVANTAGE:
-    _validate_role_advantage(config)
+    tc = config.get("turn_credit", None)
+    self_play.check_role_advantage(
+        env=config.get("env", ""), turn_credit=tc.name if tc is not None else "episode",
+        drop_tied_groups=config.get("drop_tied_groups", False),
+        decay=dict(config.advantage_kwargs).get("decay", 0.95))
   elif config.advantage not in group + component:
     raise ValueError(f"advantage {config.advantage!r} is not a group estimator over f32[P, G] "
                      f"rewards ({group}) or over f32[P, G, M] reward components ({component}); "
@@ -536,42 +540,9 @@ def validate(config) -> None:
   if not 0.0 <= settings.ema_decay < 1.0:  # NaN fails too
     raise ValueError(f"ema_decay {settings.ema_decay} must be in [0, 1): the weight of the "
                      "previous average in the policy's moving average (0: off)")
-  _validate_resample_rounds(config)
-
-
-def _validate_resample_rounds(config) -> None:
-  rounds = config.get("resample_rounds", 0)
-  if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-    raise ValueError(f"resample_rounds {rounds!r} must be an int >= 0: how many more batches "
-                     "of prompts a step may sample while too few groups vary (0: off)")
-  if not rounds:
-    return
-  if config.get("env"):
-    raise ValueError("resample_rounds samples more prompts from a dataset; an environment run "
-                     "draws its tasks each step: set resample_rounds=0")
-  if config.get("overlap", False):
-    raise ValueError("resample_rounds is not supported with config.overlap (the next rollout "
-                     "is sampled during the update): set one of them off")
-  if config.group_size < 2:
-    raise ValueError(f"resample_rounds looks for groups whose rewards vary; group_size "
-                     f"{config.group_size} has none: use group_size >= 2")
-
-
-def _validate_role_advantage(config) -> None:
-  if not config.get("env"):
-    raise ValueError(f"advantage {ROLE_ADVANTAGE!r} is self-play's: set config.env to a "
-                     "two-player game (e.g. tic_tac_toe_self_play)")
-  tc = config.get("turn_credit", None)
-  if tc is not None and tc.name != "episode":
-    raise ValueError(f"advantage {ROLE_ADVANTAGE!r} gives each side's moves its return less the "
-                     f"side's baseline; turn_credit {tc.name!r} is not defined for it: use "
-                     "'episode'")
-  if config.get("drop_tied_groups", False):
-    raise ValueError(f"drop_tied_groups reads group rewards; advantage {ROLE_ADVANTAGE!r} has "
-                     "no groups: set drop_tied_groups=False")
-  decay = dict(config.advantage_kwargs).get("decay", 0.95)
-  if not 0 <= decay < 1:
-    raise ValueError(f"advantage_kwargs.decay must be in [0, 1), got {decay}")
+  groups.check_resample_rounds(config.get("resample_rounds", 0), env=config.get("env", ""),
+                               overlap=config.get("overlap", False),
+                               group_size=config.group_size)
 
 
 def episode_credit(config) -> env_loop.Credit:

@@ -190,3 +190,22 @@ def skipped_loss_scale(full: np.ndarray, kept: np.ndarray, aggregation: str) -> 
   "seq-mean-token-sum-norm", whose constant does not depend on the mask)."""
   return float(aggregation_lib.denominator(kept, aggregation)
                / aggregation_lib.denominator(full, aggregation))
+
+
+def check_resample_rounds(rounds, *, env: str, overlap: bool, group_size: int) -> None:
+  """Refuses a `resample_rounds` (DAPO's dynamic sampling, `resample_until_varied`) that is
+  not an int >= 0, or that the run cannot serve."""
+  if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+    raise ValueError(f"resample_rounds {rounds!r} must be an int >= 0: how many more batches "
+                     "of prompts a step may sample while too few groups vary (0: off)")
+  if not rounds:
+    return
+  if env:
+    raise ValueError("resample_rounds samples more prompts from a dataset; an environment run "
+                     "draws its tasks each step: set resample_rounds=0")
+  if overlap:
+    raise ValueError("resample_rounds is not supported with config.overlap (the next rollout "
+                     "is sampled during the update): set one of them off")
+  if group_size < 2:
+    raise ValueError(f"resample_rounds looks for groups whose rewards vary; group_size "
+                     f"{group_size} has none: use group_size >= 2")

@@ -79,6 +79,23 @@ def role_advantages(r: types.Rollout, baseline: credit.RoleBaselineState, decay:
   return _role_update(decay)(jnp.asarray(r.rewards, jnp.float32), roles, baseline, roles >= 0)
 
 
+def check_role_advantage(*, env: str, turn_credit: str, drop_tied_groups: bool,
+                         decay: float) -> None:
+  """Refuses a run of ADVANTAGE that is not self-play or asks it for what it lacks."""
+  if not env:
+    raise ValueError(f"advantage {ADVANTAGE!r} is self-play's: set config.env to a "
+                     "two-player game (e.g. tic_tac_toe_self_play)")
+  if turn_credit != "episode":
+    raise ValueError(f"advantage {ADVANTAGE!r} gives each side's moves its return less the "
+                     f"side's baseline; turn_credit {turn_credit!r} is not defined for it: use "
+                     "'episode'")
+  if drop_tied_groups:
+    raise ValueError(f"drop_tied_groups reads group rewards; advantage {ADVANTAGE!r} has "
+                     "no groups: set drop_tied_groups=False")
+  if not 0 <= decay < 1:
+    raise ValueError(f"advantage_kwargs.decay must be in [0, 1), got {decay}")
+
+
 class Carry(NamedTuple):
   """What one ply hands the next."""
 
