@@ -33,7 +33,9 @@ RESUME_RULES = harness.ResumeRules(
         # When programs compile, not what they compute.
         "pack_compile_ahead",
         # Decoding's row count as replies finish: the same replies up to float rounding.
-        "compact_min_rows"}),
+        "compact_min_rows",
+        # The log-probabilities in chunks of columns: the same values up to float rounding.
+        "logprob_chunk"}),
     backward_defaults={
         "prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
         "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0, "potential_shaping": False,
@@ -42,7 +44,7 @@ RESUME_RULES = harness.ResumeRules(
         "off_policy.cap": 2.0, "pack_replies": False, "pack_below": 1.0,
         "optimizer.decay_over": 1.0, "drop_tied_groups": False,
         "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
-        "ema_decay": 0.0, "resample_rounds": 0})
+        "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0})
 
 
 def setup_logging() -> None:

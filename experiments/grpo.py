@@ -116,6 +116,9 @@ class GRPOSettings:
     step_weight: GiGPO's weight of the step-group advantage.
     behavior_logp: the loss reads the sampler's log-probabilities (`config.overlap`, or an
       off-policy correction): it logs the distance to them and corrects by them.
+    logprob_chunk: > 0: the log-probabilities are computed from the hidden states that many
+      columns at a time (`scoring.hidden_logprobs`), never holding the whole [B, N, V]
+      vocabulary logits; 0: in one piece.
     ema_decay: where > 0, the train state keeps the exponential moving average of the
       policy's parameters over updates (`optim.polyak_average`), and evaluation and
       export read it (the rollouts still sample the policy itself); evaluation reports the
@@ -145,6 +148,7 @@ class GRPOSettings:
   step_weight: float = 1.0
   behavior_logp: bool = False
   ema_decay: float = 0.0
+  logprob_chunk: int = 0
 
   @property
   def on_policy(self) -> bool:
@@ -211,7 +215,8 @@ def settings_from_config(config) -> GRPOSettings:
       drop_tied_groups=bool(config.get("drop_tied_groups", False)),
       skip_zero_advantage_rows=bool(config.get("skip_zero_advantage_rows", False)),
       kl_controller=name, kl_controller_kwargs=kl_kwargs, kl_coef=float(config.kl_coef),
-      ema_decay=float(config.get("ema_decay", 0.0)), **_turn_credit_settings(config))
+      ema_decay=float(config.get("ema_decay", 0.0)),
+      logprob_chunk=config.get("logprob_chunk", 0), **_turn_credit_settings(config))
   correction = settings.objective.off_policy_correction
   if config.get("overlap", False) or correction != "none":
     settings = dataclasses.replace(settings, behavior_logp=True)
@@ -296,24 +301,31 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
   traj = batch.traj
   mask = traj.policy_mask
   if slots is None:
-    logits_of = lambda p: scoring.policy_logits(p, cfg, traj, group_size=s.prompt_group)
-    logits = logits_of(params)
+    hidden_of = lambda p: scoring.policy_hidden(p, cfg, traj, group_size=s.prompt_group)
+    hidden = hidden_of(params)
     tokens, scored_mask = scoring.scored(traj, traj.tokens), scoring.scored(traj, mask)
     to_stream = lambda x: scoring.to_stream(x, traj)
-  else:
-    packed_logits = lambda p: scoring.packed_policy_logits(p, cfg, traj,
-                                                           group_size=s.prompt_group,
+  else:  # one row of M packed tokens
+    packed_hidden = lambda p: scoring.packed_policy_hidden(p, cfg, traj, group_size=s.prompt_group,
                                                            slots=slots)
-    logits_of = lambda p: packed_logits(p)[0]
-    logits, packing = packed_logits(params)
-    tokens, scored_mask = scoring.packed_tokens(traj, packing), packing.valid
-    to_stream = lambda x: scoring.unpack(x, packing, traj)
-  logp, entropy = scoring.token_logprobs(logits, tokens, scored_mask,
-                                         temperature=hp.temperature, with_entropy=True)
+    hidden_of = lambda p: packed_hidden(p)[0][None]
+    hidden, packing = packed_hidden(params)
+    hidden = hidden[None]
+    tokens, scored_mask = scoring.packed_tokens(traj, packing)[None], packing.valid[None]
+    to_stream = lambda x: scoring.unpack(x[0], packing, traj)
+  logits_of = lambda p, h: cfg.lm_head(p, h)
+  if s.logprob_chunk:  # never the whole [B, N, V] logits (validate: not with the forward KL)
+    logp, entropy = scoring.hidden_logprobs(
+        lambda h: logits_of(params, h), hidden, tokens, scored_mask, chunk=s.logprob_chunk,
+        temperature=hp.temperature, with_entropy=True)
+  else:
+    logits = logits_of(params, hidden)
+    logp, entropy = scoring.token_logprobs(logits, tokens, scored_mask,
+                                           temperature=hp.temperature, with_entropy=True)
   logp, entropy = to_stream(logp), to_stream(entropy)
   kl_per_token = None
   if hp.needs_ref_logits:
-    ref_logits = jax.lax.stop_gradient(logits_of(ref_params))
+    ref_logits = jax.lax.stop_gradient(logits_of(ref_params, hidden_of(ref_params)))
     kl_per_token = to_stream(kl_lib.forward_kl_from_logits(
         logits / hp.temperature, ref_logits / hp.temperature))
   old_logp = jax.lax.stop_gradient(logp) if s.on_policy else batch.old_logp
@@ -382,7 +394,7 @@ class GRPO:
     self.tx = self.optimizer.tx
     self._score = jax.jit(functools.partial(scoring.policy_logprobs, cfg=model_cfg,
                                             temperature=s.objective.temperature,
-                                            group_size=s.prompt_group))
+                                            group_size=s.prompt_group, chunk=s.logprob_chunk))
     self._update = precompile.Precompiled(jax.jit(functools.partial(
         grpo_update, optimizer=self.optimizer, cfg=model_cfg, s=s), donate_argnums=0),
         "grpo_update")
@@ -537,6 +549,14 @@ def validate(config) -> None:
                                                     "reinforce_pp_baseline", "gdpo"):
     raise ValueError(f"advantage {config.advantage!r} needs group_size >= 2")
   packing.check_options(settings.pack_below, config.get("pack_compile_ahead", 0))
+  chunk = settings.logprob_chunk
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise ValueError(f"logprob_chunk {chunk!r} must be an int >= 0: the columns whose "
+                     "vocabulary logits are computed at a time (0: all at once)")
+  if chunk and settings.objective.needs_ref_logits:
+    raise ValueError("logprob_chunk never holds the whole vocabulary logits, which the exact "
+                     "forward KL (kl_estimator 'forward') reads: use a sampled-token estimator "
+                     "(k1, k2, k3) or logprob_chunk=0")
   if not 0.0 <= settings.ema_decay < 1.0:  # NaN fails too
     raise ValueError(f"ema_decay {settings.ema_decay} must be in [0, 1): the weight of the "
                      "previous average in the policy's moving average (0: off)")

@@ -118,6 +118,22 @@ def test_token_controls_from_the_config(tiny_model, rollout, name, frac, metric)
     assert abs(r[metric] - frac) < 0.05, r
 
 
+def test_chunked_log_probs_give_the_update_of_the_whole_logits(tiny_model, rollout):
+  """config.logprob_chunk: the same updates, padded (first step) and packed (second), up
+  to float rounding; refused with the forward KL, which reads the whole logits."""
+  runs = {chunk: _updates(_tiny(pack_below=1.0, kl_coef=0.1, logprob_chunk=chunk), tiny_model,
+                          rollout, steps=2) for chunk in (0, 5)}
+  assert [r["update_slots"] for r in runs[0]] == [r["update_slots"] for r in runs[5]]
+  assert runs[0][0]["update_slots"] == 0 and runs[0][1]["update_slots"] > 0  # padded, packed
+  for whole, chunked in zip(runs[0], runs[5], strict=True):
+    for key in ("loss", "grad_norm", "entropy", "kl"):
+      assert chunked[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+  with pytest.raises(ValueError, match="forward KL"):
+    grpo.validate(_tiny(kl_coef=0.1, kl_estimator="forward", logprob_chunk=5))
+  with pytest.raises(ValueError, match="logprob_chunk -1 must be an int"):
+    grpo.validate(_tiny(logprob_chunk=-1))
+
+
 def test_forward_kl_starts_at_zero_and_stays_finite(tiny_model, rollout):
   kl = [r["kl"] for r in _updates(_tiny(kl_coef=0.1, kl_estimator="forward"), tiny_model,
                                   rollout, steps=3)]

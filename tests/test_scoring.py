@@ -290,3 +290,38 @@ def test_rewards_sum_the_turns_that_happened():
                              [[1.0, 4.0], [0.5, 5.0]])
   np.testing.assert_array_equal(types.last_policy_token(traj.policy_mask)[:, 14], [True, False])
   np.testing.assert_array_equal(types.last_policy_token(traj.policy_mask)[:, 11], [False, True])
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_hidden_logprobs_in_chunks_equal_the_whole_logits(chunk):
+  """scoring.hidden_logprobs: log-probs, entropies and their gradients as token_logprobs of
+  the whole logits, for a chunk that divides N, one that does not, and one above N."""
+  rng = np.random.default_rng(0)
+  b, n, d, v = 3, 13, 8, 40
+  hidden = jnp.asarray(rng.normal(size=(b, n, d)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(d, v)), jnp.float32)
+  tokens = jnp.asarray(rng.integers(0, v, (b, n)), jnp.int32)
+  mask = jnp.asarray(np.arange(n)[None] < np.array([[13], [6], [1]]))
+
+  def total(w, hidden, chunked):
+    head = lambda h: h @ w
+    if chunked:
+      logp, entropy = scoring.hidden_logprobs(head, hidden, tokens, mask, chunk=chunk,
+                                              temperature=0.7, with_entropy=True)
+    else:
+      logp, entropy = scoring.token_logprobs(head(hidden), tokens, mask, temperature=0.7,
+                                             with_entropy=True)
+    return jnp.sum(logp * 1.5) + jnp.sum(jnp.where(mask, entropy, 0.0)), (logp, entropy)
+
+  grad = jax.value_and_grad(total, argnums=(0, 1), has_aux=True)
+  (whole, (logp, entropy)), (gw, gh) = grad(w, hidden, False)
+  (chunked, (logp_c, entropy_c)), (gw_c, gh_c) = grad(w, hidden, True)
+  assert logp_c.shape == (b, n) and entropy_c.shape == (b, n)
+  np.testing.assert_allclose(logp_c, logp, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(entropy_c, entropy, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(logp_c)[~np.asarray(mask)], 0.0)
+  np.testing.assert_allclose(chunked, whole, rtol=1e-5)
+  np.testing.assert_allclose(gw_c, gw, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(gh_c, gh, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="chunk must be > 0"):
+    scoring.hidden_logprobs(lambda h: h @ w, hidden, tokens, mask, chunk=0)

@@ -246,6 +246,11 @@ def _devices_and_run(c: ml_collections.ConfigDict) -> None:
   # in the backward pass by `remat` ("none", "full", "dots").
   c.layout = "list"
   c.remat = "none"
+  # > 0: GRPO's log-probabilities from the hidden states this many columns at a time,
+  # never the whole [B, N, V] vocabulary logits (192 KiB a token at SmolLM2's V, f32):
+  # for long replies, with layout "stacked" and remat "full" (measured in
+  # docs/long_sequences.md). 0: all at once.
+  c.logprob_chunk = 0
 
   # Wall-clock: stop after this much training time (rollouts and updates,
   # evaluation excluded), and evaluate each time it crosses a multiple of

@@ -269,6 +269,51 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, *,
   return logp, entropy if with_entropy else None
 
 
+def hidden_logprobs(head: Callable[[jax.Array], jax.Array], hidden: jax.Array,
+                    tokens: jax.Array, mask: jax.Array, *, chunk: int,
+                    temperature: float = 1.0, with_entropy: bool = False
+                    ) -> tuple[jax.Array, jax.Array | None]:
+  """`token_logprobs(head(hidden), ...)` without ever holding the [B, N, V] logits.
+
+  The head and the log-softmax run over `chunk` columns at a time (`lax.map`), each
+  chunk under `jax.checkpoint`: the forward keeps one chunk's f32[B, chunk, V] logits at
+  a time, and the backward recomputes them chunk by chunk from the hidden states, so
+  the memory for the vocabulary grows with `chunk`, not with the sequence. At V =
+  49152 that is 192 KiB a scored token in f32 without chunking. The values and
+  gradients are the unchunked ones up to float rounding (tests/test_scoring.py).
+  tokamax's fused LM-head loss (`linear_softmax_cross_entropy_loss`) returns a reduced
+  loss only; RL needs each token's log-probability and entropy, hence this.
+
+  Args:
+    head: hidden f[B, c, D] -> logits f[B, c, V] (e.g. `partial(cfg.lm_head, params)`).
+    hidden: f[B, N, D] the predictors' hidden states.
+    tokens, mask, temperature, with_entropy: as `token_logprobs`'.
+    chunk: columns per chunk (> 0); N is padded up to a multiple of it.
+
+  Returns:
+    As `token_logprobs`: (logp f32[B, N], entropy f32[B, N] or None).
+  """
+  if chunk <= 0:
+    raise ValueError(f"chunk must be > 0 columns, got {chunk}")
+  b, n = tokens.shape
+  pad = -n % chunk
+  if pad:
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    tokens, mask = jnp.pad(tokens, ((0, 0), (0, pad))), jnp.pad(mask, ((0, 0), (0, pad)))
+  chunks = lambda x: jnp.moveaxis(x.reshape(b, -1, chunk, *x.shape[2:]), 1, 0)
+
+  @jax.checkpoint
+  def one(args):
+    h, tok, m = args
+    logp, entropy = token_logprobs(head(h), tok, m, temperature=temperature,
+                                   with_entropy=with_entropy)
+    return logp, entropy if with_entropy else jnp.zeros_like(logp)
+
+  logp, entropy = jax.lax.map(one, (chunks(hidden), chunks(tokens), chunks(mask)))
+  unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, -1)[:, :n]
+  return unchunk(logp), unchunk(entropy) if with_entropy else None
+
+
 def policy_logits(params, cfg: lm.CausalLM, traj: Trajectory, *,
                   group_size: int = 1) -> jax.Array:
   """f32[B, C, V] logits predicting each scored column (see `policy_hidden`)."""
@@ -277,7 +322,8 @@ def policy_logits(params, cfg: lm.CausalLM, traj: Trajectory, *,
 
 def policy_logprobs(
     params, cfg: lm.CausalLM, traj: Trajectory, *,
-    temperature: float = 1.0, with_entropy: bool = False, group_size: int = 1
+    temperature: float = 1.0, with_entropy: bool = False, group_size: int = 1,
+    chunk: int = 0
 ) -> tuple[jax.Array, jax.Array | None]:
   """log pi_T(token | everything valid before it) at every policy token of the stream.
 
@@ -288,15 +334,23 @@ def policy_logprobs(
     temperature: the sampling temperature the policy tokens were drawn at.
     with_entropy: also return the policy entropy at each column.
     group_size: rows per shared prompt (see `policy_hidden`).
+    chunk: > 0: the vocabulary logits `chunk` columns at a time (`hidden_logprobs`), never
+      all at once; 0: in one piece.
 
   Returns:
     (logp f32[B, T] (0 where policy_mask is False), entropy f32[B, T] (0 on the
     prompt) or None).
   """
-  logits = policy_logits(params, cfg, traj, group_size=group_size)
-  logp, entropy = token_logprobs(logits, scored(traj, traj.tokens),
-                                 scored(traj, traj.policy_mask), temperature=temperature,
-                                 with_entropy=with_entropy)
+  tokens, mask = scored(traj, traj.tokens), scored(traj, traj.policy_mask)
+  if chunk:
+    hidden = policy_hidden(params, cfg, traj, group_size=group_size)
+    logp, entropy = hidden_logprobs(lambda h: cfg.lm_head(params, h), hidden, tokens, mask,
+                                    chunk=chunk, temperature=temperature,
+                                    with_entropy=with_entropy)
+  else:
+    logits = policy_logits(params, cfg, traj, group_size=group_size)
+    logp, entropy = token_logprobs(logits, tokens, mask, temperature=temperature,
+                                   with_entropy=with_entropy)
   return to_stream(logp, traj), None if entropy is None else to_stream(entropy, traj)
 
 
