@@ -305,19 +305,22 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
     hidden = hidden_of(params)
     tokens, scored_mask = scoring.scored(traj, traj.tokens), scoring.scored(traj, mask)
     to_stream = lambda x: scoring.to_stream(x, traj)
-  else:  # one row of M packed tokens
+  else:  # M packed tokens: hidden f[M, D], tokens and mask [M]
     packed_hidden = lambda p: scoring.packed_policy_hidden(p, cfg, traj, group_size=s.prompt_group,
                                                            slots=slots)
-    hidden_of = lambda p: packed_hidden(p)[0][None]
+    hidden_of = lambda p: packed_hidden(p)[0]
     hidden, packing = packed_hidden(params)
-    hidden = hidden[None]
-    tokens, scored_mask = scoring.packed_tokens(traj, packing)[None], packing.valid[None]
-    to_stream = lambda x: scoring.unpack(x[0], packing, traj)
-  logits_of = lambda p, h: cfg.lm_head(p, h)
+    tokens, scored_mask = scoring.packed_tokens(traj, packing), packing.valid
+    to_stream = lambda x: scoring.unpack(x, packing, traj)
+  # The head takes rows of columns: a packed stream is one row.
+  logits_of = lambda p, h: (cfg.lm_head(p, h) if slots is None else cfg.lm_head(p, h[None])[0])
   if s.logprob_chunk:  # never the whole [B, N, V] logits (validate: not with the forward KL)
+    rows = (lambda x: x) if slots is None else (lambda x: x[None])
     logp, entropy = scoring.hidden_logprobs(
-        lambda h: logits_of(params, h), hidden, tokens, scored_mask, chunk=s.logprob_chunk,
-        temperature=hp.temperature, with_entropy=True)
+        lambda h: cfg.lm_head(params, h), rows(hidden), rows(tokens), rows(scored_mask),
+        chunk=s.logprob_chunk, temperature=hp.temperature, with_entropy=True)
+    if slots is not None:
+      logp, entropy = logp[0], entropy[0]
   else:
     logits = logits_of(params, hidden)
     logp, entropy = scoring.token_logprobs(logits, tokens, scored_mask,
