@@ -294,7 +294,7 @@ def turn_advantages(s: GRPOSettings, traj: types.Trajectory, episode_adv: jax.Ar
 def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
               ref_params=None, beta=0.0, slots: int | None = None, loss_scale=None):
   """The policy objective on one (mini)batch: (loss, metrics). With `slots`, the policy
-  tokens are scored packed into that many slots (`scoring.packed_policy_logits`): the
+  tokens are scored packed into that many slots (`scoring.packed_policy_hidden`): the
   same values at the policy tokens, entropy 0 elsewhere (the loss reads neither there).
   `loss_scale` multiplies the loss (`without_zero_advantage_rows`)."""
   hp = s.objective

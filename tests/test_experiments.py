@@ -150,12 +150,12 @@ def test_packed_replies_train_as_the_padded_rows(tmp_path, monkeypatch, epochs, 
   (The tiny model's replies run to the budget, so its slots are the padded width: short
   replies are tests/test_scoring.py's.)"""
   slot_counts = []
-  packed_logits = scoring.packed_policy_logits
+  packed_hidden = scoring.packed_policy_hidden
 
   def counting(*args, slots, **kwargs):
     slot_counts.append(slots)
-    return packed_logits(*args, slots=slots, **kwargs)
-  monkeypatch.setattr(scoring, "packed_policy_logits", counting)
+    return packed_hidden(*args, slots=slots, **kwargs)
+  monkeypatch.setattr(scoring, "packed_policy_hidden", counting)
   runs = {}
   for pack in (False, True):
     config = grpo_arithmetic.get_config("tiny")
