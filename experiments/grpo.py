@@ -315,12 +315,9 @@ def grpo_loss(params, batch: GRPOBatch, *, cfg: lm.CausalLM, s: GRPOSettings,
   # The head takes rows of columns: a packed stream is one row.
   logits_of = lambda p, h: (cfg.lm_head(p, h) if slots is None else cfg.lm_head(p, h[None])[0])
   if s.logprob_chunk:  # never the whole [B, N, V] logits (validate: not with the forward KL)
-    rows = (lambda x: x) if slots is None else (lambda x: x[None])
     logp, entropy = scoring.hidden_logprobs(
-        lambda h: cfg.lm_head(params, h), rows(hidden), rows(tokens), rows(scored_mask),
-        chunk=s.logprob_chunk, temperature=hp.temperature, with_entropy=True)
-    if slots is not None:
-      logp, entropy = logp[0], entropy[0]
+        lambda h: cfg.lm_head(params, h), hidden, tokens, scored_mask, chunk=s.logprob_chunk,
+        temperature=hp.temperature, with_entropy=True)
   else:
     logits = logits_of(params, hidden)
     logp, entropy = scoring.token_logprobs(logits, tokens, scored_mask,

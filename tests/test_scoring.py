@@ -323,5 +323,12 @@ def test_hidden_logprobs_in_chunks_equal_the_whole_logits(chunk):
   np.testing.assert_allclose(chunked, whole, rtol=1e-5)
   np.testing.assert_allclose(gw_c, gw, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(gh_c, gh, rtol=1e-4, atol=1e-5)
+  # A packed stream (one row of M columns, given as [M]): its row's values.
+  stream_logp, stream_entropy = scoring.hidden_logprobs(
+      lambda h: h @ w, hidden[0], tokens[0], mask[0], chunk=chunk, temperature=0.7,
+      with_entropy=True)
+  assert stream_logp.shape == (n,)
+  np.testing.assert_allclose(stream_logp, logp[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stream_entropy, entropy[0], rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="chunk must be > 0"):
     scoring.hidden_logprobs(lambda h: h @ w, hidden, tokens, mask, chunk=0)

@@ -286,7 +286,8 @@ def hidden_logprobs(head: Callable[[jax.Array], jax.Array], hidden: jax.Array,
 
   Args:
     head: hidden f[B, c, D] -> logits f[B, c, V] (e.g. `partial(cfg.lm_head, params)`).
-    hidden: f[B, N, D] the predictors' hidden states.
+    hidden: f[B, N, D] the predictors' hidden states, or f[M, D] a packed stream's (with
+      tokens and mask [M]; the head then gets rows of one).
     tokens, mask, temperature, with_entropy: as `token_logprobs`'.
     chunk: columns per chunk (> 0); N is padded up to a multiple of it.
 
@@ -295,6 +296,10 @@ def hidden_logprobs(head: Callable[[jax.Array], jax.Array], hidden: jax.Array,
   """
   if chunk <= 0:
     raise ValueError(f"chunk must be > 0 columns, got {chunk}")
+  if tokens.ndim == 1:  # a packed stream (hidden f[M, D]): one row of M columns
+    logp, entropy = hidden_logprobs(head, hidden[None], tokens[None], mask[None], chunk=chunk,
+                                    temperature=temperature, with_entropy=with_entropy)
+    return logp[0], None if entropy is None else entropy[0]
   b, n = tokens.shape
   pad = -n % chunk
   if pad:
