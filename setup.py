@@ -39,6 +39,9 @@ setup(
         "bm25s>=0.2.10,<0.4",
         # tic_tac_toe's rules (pure JAX games)
         "pgx>=2.6,<3",
+        # attention kernels (models/attention.py): chunked XLA on every
+        # backend, cuDNN / Triton on GPU, Mosaic splash on TPU
+        "tokamax==0.0.12",
     ],
     extras_require={
         "test": ["pytest>=8,<10", "ruff>=0.8,<0.18",

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agents.models import lm, transformer, zoo
+from jaxrl_agents.models import attention, lm, transformer, zoo
 
 # Jitted once per (cfg, shape): eager scans compile op by op and are slower.
 _apply = jax.jit(transformer.apply, static_argnums=3, static_argnames="return_hidden")
@@ -301,7 +301,7 @@ def test_causal_attention_in_query_blocks_equals_one_block(model, monkeypatch):
   positions = jnp.asarray([[0] * 6 + list(range(13)), list(range(8)) + list(range(9)) + [0, 0]])
 
   def run(block):
-    monkeypatch.setattr(transformer, "CAUSAL_BLOCK", block)
+    monkeypatch.setattr(attention, "CAUSAL_BLOCK", block)
 
     def loss(p):
       logits, _ = transformer.apply(p, tokens, positions, cfg, segment_ids=segments)

@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_agents.models import lm
+from jaxrl_agents.models import attention
 from jaxrl_agents.parallel.sharding import BATCH_AXES
 
 Params = dict[str, Any]
@@ -98,6 +98,10 @@ class TransformerConfig:
       in float32 whatever this is; norms, softmax and logits are float32.
     remat: what the stacked layout's scanned layer keeps for the backward pass
       (`REMAT_POLICIES`); the per-layer list ignores it.
+    attention: the attention implementation of cacheless passes (training, scoring,
+      prefill) and of `apply_shared_prefix` (`attention.IMPLEMENTATIONS`; "auto" is
+      the einsums on CPU, the chunked online softmax, memory linear in the row, on
+      accelerators). A pass through a KV cache always uses the einsums.
     activation_mesh: a `jax.sharding.Mesh` (set by `zoo.load(mesh=...)`): the
       residual stream's rows are constrained over its data x fsdp axes after the
       embedding and every layer, so that with weights split over fsdp the
@@ -121,6 +125,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: str = "none"
+  attention: str = "auto"
   activation_mesh: Any = None
 
   def __post_init__(self):
@@ -131,6 +136,7 @@ class TransformerConfig:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
     _as_dtype(self.param_dtype)
     _as_dtype(self.dtype)
+    attention.resolve(self.attention)
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
@@ -263,25 +269,6 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float, axis: int = -1) -> jax.
   shape = [1] * x.ndim
   shape[axis] = -1
   return (y * scale.astype(jnp.float32).reshape(shape)).astype(x.dtype)
-
-
-def _rounded_f32(a: jax.Array, dtype) -> jax.Array:
-  """a rounded to the compute dtype, then held in float32.
-
-  Attention multiplies these: the products of bf16 values are exact in float32,
-  so this is bf16 x bf16 with float32 accumulation, which XLA:CPU has no kernel
-  for in batched dots.
-  """
-  return a.astype(dtype).astype(jnp.float32)
-
-
-def _cached_f32(a: jax.Array, dtype) -> jax.Array:
-  """Keys or values in float32 for the attention, rounded to the compute dtype.
-
-  A float32 cache under bf16 compute already holds rounded values (they are
-  rounded before they are stored), so it is read as is.
-  """
-  return a if a.dtype == jnp.float32 else _rounded_f32(a, dtype)
 
 
 def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
@@ -429,47 +416,6 @@ def _row_major_transpose(a: jax.Array) -> jax.Array:
 
 
 project.defvjp(_project_fwd, _project_bwd)
-
-
-# Query rows per block of a cacheless (causal) attention; see `_attention`.
-CAUSAL_BLOCK = 64
-
-
-def _attention(q, k, v, allowed, cfg: TransformerConfig, slots_last: bool = False,
-               causal: bool = False):
-  """Grouped-query attention.
-
-  Args:
-    q: f[B, T, H, Dh]; k: f[B, K, S, Dh], or f[B, K, Dh, S] if `slots_last`
-      (the cache's layout); v: f[B, K, S, Dh].
-    allowed: bool[B, T, S], which keys each query may attend to.
-    causal: `allowed` never lets query i see a key after slot i (a cacheless
-      pass, S = T). The queries then go in blocks of `CAUSAL_BLOCK`, each
-      against the keys up to its last row only: the same result for about
-      (n + 1) / 2n of the scores' work with n blocks (fwd + bwd of SmolLM2's
-      attention at 8 x 256 tokens on a 2-core CPU: 69 -> 41 ms a layer).
-  Returns:
-    f[B, T, H*Dh].
-  """
-  b, t, _, dh = q.shape
-  if causal and not slots_last and t > CAUSAL_BLOCK:
-    starts = range(0, t, CAUSAL_BLOCK)
-    return jnp.concatenate([
-        _attention(q[:, s:s + CAUSAL_BLOCK], k[:, :, :s + CAUSAL_BLOCK], v[:, :, :s + CAUSAL_BLOCK],
-                   allowed[:, s:s + CAUSAL_BLOCK, :s + CAUSAL_BLOCK], cfg)
-        for s in starts], axis=1)
-  groups = cfg.n_heads // cfg.n_kv_heads
-  q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)
-  f32 = lambda a: _rounded_f32(a, q.dtype)
-  kv_f32 = lambda a: _cached_f32(a, q.dtype)
-  spec = "btkgd,bkds->bkgts" if slots_last else "btkgd,bksd->bkgts"
-  scores = jnp.einsum(spec, f32(q), kv_f32(k)) / math.sqrt(dh)
-  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1)
-  # A query with no allowed key (a padding row) gets zeros, not NaN or noise.
-  probs = jnp.where(allowed[:, None, None].any(-1, keepdims=True), probs, 0.0)
-  out = jnp.einsum("bkgts,bksd->btkgd", f32(probs), kv_f32(v))
-  return out.reshape(b, t, cfg.n_heads * dh).astype(q.dtype)
 
 
 def _project_qkv(layer, h, dense, axis, cfg, dtype):
@@ -663,7 +609,7 @@ def apply(
   if cache is None:
     if new_cache_len is not None and new_cache_len < t:
       raise ValueError(f"new_cache_len {new_cache_len} < {t} tokens")
-    allowed = lm.attention_allowed(segment_ids)
+    mask = attention.Mask.segments(segment_ids)
     heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [B, T, K, Dh] -> [B, K, T, Dh]
 
     def attend(q, k, v):
@@ -671,7 +617,7 @@ def apply(
       if new_cache_len is not None:  # a prefill: listed layers, never inside a scan
         new_k.append(keys)
         new_v.append(values)
-      return _attention(q, keys, values, allowed, cfg, causal=True)
+      return attention.attend(q, keys, values, mask, implementation=cfg.attention)
   else:
     if new_cache_len is not None:
       raise ValueError("new_cache_len is for a prefill without a cache; got a cache too")
@@ -679,7 +625,7 @@ def apply(
       raise ValueError(f"cache batch {cache.valid.shape[0]} != tokens batch {b}")
     start = cache.index
     valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, start))
-    allowed = lm.cached_attention_allowed(valid, start, t)
+    mask = attention.Mask.cached(valid, start, t)
     zero = jnp.zeros((), jnp.int32)
 
     def attend(q, k, v):
@@ -692,7 +638,9 @@ def apply(
           cache.v[i], v.transpose(0, 2, 1, 3).astype(cache.v[i].dtype), (zero, zero, start, zero))
       new_k.append(keys)
       new_v.append(values)
-      return _attention(q, keys, values, allowed, cfg, slots_last=True)
+      # The einsums whatever `cfg.attention` says: the other implementations want the
+      # keys slots-second, a copy of the whole cache per layer.
+      return attention.attend(q, keys, values, mask, implementation="xla", slots_last=True)
 
   layer_fn = lambda x, layer: constrain_rows(
       _decoder_layer(x, layer, positions, inv_freq, tables, cfg, dtype, attend), cfg)
@@ -786,10 +734,11 @@ def apply_shared_prefix(
   all_positions = jnp.concatenate([flat(prefix_positions), packed(flat(positions))], axis=1)
   tables = rope_tables(all_positions, inv_freq, num_positions)
   x = params["embed"][all_tokens].astype(dtype)
-  prefix_allowed = lm.attention_allowed(prefix_segments)
-  prefix_valid = jnp.repeat(prefix_segments != 0, group_size, axis=0)
-  own = jnp.tril(jnp.ones((n, n), bool))[None] & (segment_ids != 0)[:, None, :]
-  allowed = jnp.concatenate([jnp.broadcast_to(prefix_valid[:, None, :], (b, n, lp)), own], -1)
+  prefix_mask = attention.Mask.segments(prefix_segments)
+  continuation_mask = attention.Mask.after_prefix(
+      jnp.repeat(prefix_segments != 0, group_size, axis=0), segment_ids != 0)
+  # The einsums read the continuations' keys slots-last (see `with_prefix`).
+  slots_last = attention.resolve(cfg.attention) == "xla"
   heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [., T, K, Dh] -> [., K, T, Dh]
 
   def split(a):
@@ -809,11 +758,14 @@ def apply_shared_prefix(
 
   def attend(q, k, v):
     (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
+    keys = with_prefix(kp, kc)
     return jnp.concatenate([
-        flat(_attention(qp, heads_first(kp), heads_first(vp), prefix_allowed, cfg,
-                        causal=True)),
-        packed(flat(_attention(qc, with_prefix(kp, kc).transpose(0, 1, 3, 2),
-                               with_prefix(vp, vc), allowed, cfg, slots_last=True)))], axis=1)
+        flat(attention.attend(qp, heads_first(kp), heads_first(vp), prefix_mask,
+                              implementation=cfg.attention)),
+        packed(flat(attention.attend(
+            qc, keys.transpose(0, 1, 3, 2) if slots_last else keys, with_prefix(vp, vc),
+            continuation_mask, implementation=cfg.attention, slots_last=slots_last)))],
+        axis=1)
 
   layer_fn = lambda x, layer: _decoder_layer(x, layer, all_positions, inv_freq, tables, cfg,
                                              dtype, attend)
@@ -898,8 +850,8 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   # every step).
   x = constrain_rows(jnp.take(params["embed"].T, tokens, axis=1).astype(dtype), cfg,
                      axis=1)  # [D, B]
-  f32 = lambda a: _rounded_f32(a, dtype)
-  kv_f32 = lambda a: _cached_f32(a, dtype)
+  f32 = lambda a: attention.rounded_f32(a, dtype)
+  kv_f32 = lambda a: attention.cached_f32(a, dtype)
   new_k, new_v = [], []
   for i, layer in enumerate(params["layers"]):
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps, axis=0)

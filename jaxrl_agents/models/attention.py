@@ -1,0 +1,267 @@
+"""Self-attention for the models: one entry point, the implementation chosen by name.
+
+`attend(q, k, v, mask, implementation=...)` is grouped-query attention (H query heads
+over K key/value heads, H % K == 0) with every pass's mask described by `Mask`, which
+holds vectors, never a [B, T, S] array: a query at index i sees key slot j iff the
+key is valid, j <= i and j >= the start of the query's segment. Training, scoring and
+prefill (causal within segments, padding anywhere), a pass through a KV cache (the
+query's slot against the cache's valid slots) and continuations after a shared prefix
+all have that form (`Mask.segments`, `Mask.cached`, `Mask.after_prefix`).
+
+Implementations (`IMPLEMENTATIONS`; "auto" picks by backend, `resolve`):
+
+- "xla": einsums over the whole scores, causal passes in blocks of `CAUSAL_BLOCK`
+  queries against the keys up to the block. The fastest at short rows on CPU, and
+  the CPU default, but it keeps each block's f32 scores for the backward pass:
+  memory grows with T * S.
+- "chunked": tokamax's `xla_chunked` (Rabe & Staats, arXiv:2112.05682): queries and
+  keys in chunks with an online softmax, each chunk rematerialized in the backward
+  pass, so memory grows with T. Pure XLA: it runs on every backend; the accelerator
+  default.
+- "cudnn", "triton", "mosaic": tokamax's kernels (cuDNN's fused attention and Pallas
+  Triton on GPU; Pallas Mosaic on TPU and Hopper GPUs), given the same mask. They
+  cannot run on a CPU; the project has not measured them on hardware yet
+  (benchmarks/gpu.py is the check).
+
+`reference` is the plain softmax over a materialized mask, the tests' oracle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "triton", "mosaic")
+
+# Query rows per block of a causal pass under "xla" (see `_einsum_attention`).
+CAUSAL_BLOCK = 64
+
+# (query, key) chunk sizes of "chunked". tokamax's own default is (512, 1024); smaller
+# chunks keep less live at once. At 4 rows of 2,048 tokens and SmolLM2's shapes the
+# gradient of scoring compiled to fewer temporaries with (256, 512) than with larger
+# chunks (benchmarks/long_context.py), at about the same CPU time.
+CHUNK = (256, 512)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Mask:
+  """Which key slots each query sees: query i sees slot j iff `q_valid[b, i]`,
+  `key_valid[b, j]`, j <= `q_index[b, i]` and j >= `k_start[b, i]`. A query that sees
+  no key gets zeros.
+
+  Attributes:
+    key_valid: bool[B, S].
+    q_index: int32[B, T], each query's own slot (None: query i is slot i, S == T).
+    k_start: int32[B, T], the first slot of each query's segment (None: 0).
+    q_valid: bool[B, T], the queries that attend at all (padding in a cacheless pass;
+      in the others every query that has a valid key at or before its slot).
+  """
+
+  key_valid: jax.Array
+  q_index: jax.Array | None
+  k_start: jax.Array | None
+  q_valid: jax.Array
+
+  @classmethod
+  def segments(cls, segment_ids: jax.Array) -> Mask:
+    """A cacheless pass over int[B, T] segment ids: token i sees token j iff j <= i,
+    both are in the same segment and it is not 0 (padding). Each segment id's tokens
+    must form one run (padding may interrupt it; packed sequences one after another),
+    as every caller's are (`lm.attention_allowed` is the same mask, materialized)."""
+    t = segment_ids.shape[1]
+    valid = segment_ids != 0
+    slots = jnp.arange(t, dtype=jnp.int32)
+    # The segment of the last valid token before each one: its run starts where that
+    # differs from its own.
+    last_valid = jax.lax.cummax(jnp.where(valid, slots, -1), axis=1)
+    before = jnp.concatenate([jnp.full_like(last_valid[:, :1], -1), last_valid[:, :-1]], 1)
+    previous_segment = jnp.where(
+        before >= 0, jnp.take_along_axis(segment_ids, jnp.maximum(before, 0), 1), 0)
+    starts = valid & (previous_segment != segment_ids)
+    k_start = jax.lax.cummax(jnp.where(starts, slots, 0), axis=1)
+    return cls(key_valid=valid, q_index=None, k_start=k_start, q_valid=valid)
+
+  @classmethod
+  def cached(cls, valid: jax.Array, start: jax.Array, t: int) -> Mask:
+    """T queries written at slots [start, start + T) of a cache whose bool[B, S] `valid`
+    (already updated with them) says which slots are real: each sees the valid slots up
+    to its own (`lm.cached_attention_allowed`)."""
+    b = valid.shape[0]
+    q_index = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+    valid_so_far = jnp.cumsum(valid, axis=1) > 0
+    sees = jnp.take_along_axis(valid_so_far, jnp.minimum(q_index, valid.shape[1] - 1), 1)
+    return cls(key_valid=valid, q_index=q_index, k_start=None, q_valid=sees)
+
+  @classmethod
+  def after_prefix(cls, prefix_valid: jax.Array, own_valid: jax.Array) -> Mask:
+    """Continuations [B, N] after a prefix [B, Lp] (`transformer.apply_shared_prefix`):
+    keys are the prefix's Lp slots then the row's own N; continuation token i sees the
+    valid prefix slots and its own valid tokens up to i."""
+    b, lp = prefix_valid.shape
+    n = own_valid.shape[1]
+    q_index = jnp.broadcast_to(lp + jnp.arange(n, dtype=jnp.int32), (b, n))
+    sees = prefix_valid.any(1, keepdims=True) | (jnp.cumsum(own_valid, axis=1) > 0)
+    return cls(key_valid=jnp.concatenate([prefix_valid, own_valid], 1), q_index=q_index,
+               k_start=None, q_valid=sees)
+
+  def as_bool(self, t: int) -> jax.Array:
+    """The mask as bool[B, T, S] (the "xla" implementation's and the reference's)."""
+    s = self.key_valid.shape[1]
+    q = jnp.arange(t, dtype=jnp.int32)[None] if self.q_index is None else self.q_index
+    slots = jnp.arange(s, dtype=jnp.int32)
+    allowed = (slots[None, None, :] <= q[:, :, None]) & self.key_valid[:, None, :]
+    if self.k_start is not None:
+      allowed &= slots[None, None, :] >= self.k_start[:, :, None]
+    return allowed & self.q_valid[:, :, None]
+
+
+def resolve(implementation: str) -> str:
+  """The implementation "auto" means on this backend; others are checked and returned."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"attention must be one of {list(IMPLEMENTATIONS)}, got "
+                     f"{implementation!r}")
+  if implementation != "auto":
+    return implementation
+  # CPU: the einsums are faster at the rows the CPU trains on and compile sooner
+  # (benchmarks/long_context.py); accelerators: memory linear in the row.
+  return "xla" if jax.default_backend() == "cpu" else "chunked"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: Mask, *,
+           implementation: str = "auto", slots_last: bool = False,
+           compute_dtype=None) -> jax.Array:
+  """Grouped-query attention, f[B, T, H * Dh] in q's dtype.
+
+  Args:
+    q: f[B, T, H, Dh]; k: f[B, K, S, Dh], or f[B, K, Dh, S] if `slots_last` (a KV
+      cache's layout); v: f[B, K, S, Dh].
+    mask: which keys each query sees.
+    implementation: one of `IMPLEMENTATIONS`.
+    compute_dtype: the dtype the products round their inputs to (default q's): "xla"
+      multiplies in float32 inputs rounded to it.
+  """
+  name = resolve(implementation)
+  dtype = q.dtype if compute_dtype is None else compute_dtype
+  if name == "xla":
+    causal = mask.q_index is None and not slots_last
+    return _einsum_attention(q, k, v, mask.as_bool(q.shape[1]), dtype, slots_last=slots_last,
+                             causal=causal)
+  if slots_last:
+    k = k.transpose(0, 1, 3, 2)
+  return _tokamax_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, name)
+
+
+def reference(q: jax.Array, k: jax.Array, v: jax.Array, mask: Mask) -> jax.Array:
+  """The definition, for tests: softmax(q k^T / sqrt(Dh)) v over the allowed keys in
+  float32, zeros for a query that sees none. q f[B, T, H, Dh]; k, v f[B, S, K, Dh]."""
+  b, t, h, dh = q.shape
+  heads = h // k.shape[2]
+  kf = jnp.repeat(k.astype(jnp.float32), heads, axis=2)
+  vf = jnp.repeat(v.astype(jnp.float32), heads, axis=2)
+  scores = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32), kf) / math.sqrt(dh)
+  allowed = mask.as_bool(t)[:, None]
+  probs = jax.nn.softmax(jnp.where(allowed, scores, -jnp.inf), axis=-1)
+  probs = jnp.where(allowed.any(-1, keepdims=True), probs, 0.0)
+  return jnp.einsum("bhts,bshd->bthd", probs, vf).reshape(b, t, h * dh)
+
+
+def _einsum_attention(q, k, v, allowed, dtype, *, slots_last: bool, causal: bool):
+  """"xla": the scores of each query against every key, in f32.
+
+  causal: `allowed` never lets query i see a key after slot i (a cacheless pass, S = T).
+  The queries then go in blocks of `CAUSAL_BLOCK`, each against the keys up to its
+  last row only: the same result for about (n + 1) / 2n of the scores' work with n
+  blocks (fwd + bwd of SmolLM2's attention at 8 x 256 tokens on a 2-core CPU: 69 -> 41
+  ms a layer).
+  """
+  b, t, h, dh = q.shape
+  if causal and t > CAUSAL_BLOCK:
+    return jnp.concatenate([
+        _einsum_attention(q[:, s:s + CAUSAL_BLOCK], k[:, :, :s + CAUSAL_BLOCK],
+                          v[:, :, :s + CAUSAL_BLOCK],
+                          allowed[:, s:s + CAUSAL_BLOCK, :s + CAUSAL_BLOCK], dtype,
+                          slots_last=False, causal=False)
+        for s in range(0, t, CAUSAL_BLOCK)], axis=1)
+  n_kv = v.shape[1]
+  q = q.reshape(b, t, n_kv, h // n_kv, dh)
+  f32 = lambda a: rounded_f32(a, dtype)
+  kv_f32 = lambda a: cached_f32(a, dtype)
+  spec = "btkgd,bkds->bkgts" if slots_last else "btkgd,bksd->bkgts"
+  scores = jnp.einsum(spec, f32(q), kv_f32(k)) / math.sqrt(dh)
+  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1)
+  # A query with no allowed key (a padding row) gets zeros, not NaN or noise.
+  probs = jnp.where(allowed[:, None, None].any(-1, keepdims=True), probs, 0.0)
+  out = jnp.einsum("bkgts,bksd->btkgd", f32(probs), kv_f32(v))
+  return out.reshape(b, t, h * dh).astype(q.dtype)
+
+
+def rounded_f32(a: jax.Array, dtype) -> jax.Array:
+  """a rounded to the compute dtype, then held in float32.
+
+  Attention multiplies these: the products of bf16 values are exact in float32, so
+  this is bf16 x bf16 with float32 accumulation, which XLA:CPU has no kernel for in
+  batched dots.
+  """
+  return a.astype(dtype).astype(jnp.float32)
+
+
+def cached_f32(a: jax.Array, dtype) -> jax.Array:
+  """Keys or values in float32 for the attention, rounded to the compute dtype.
+
+  A float32 cache under bf16 compute already holds rounded values (they are rounded
+  before they are stored), so it is read as is.
+  """
+  return a if a.dtype == jnp.float32 else rounded_f32(a, dtype)
+
+
+@functools.cache
+def _tokamax_ops():
+  """tokamax's attention ops by this module's names (imported on first use: it is only
+  needed off the "xla" path)."""
+  try:
+    from tokamax._src.ops.attention import api, base, xla_chunked
+  except ImportError as e:
+    raise ImportError("attention='chunked', 'cudnn', 'triton' or 'mosaic' needs tokamax: "
+                      "pip install 'tokamax==0.0.12'") from e
+  from absl import flags
+  if not flags.FLAGS.is_parsed():
+    # tokamax reads its options from absl flags and, outside an absl app (pytest, a
+    # notebook, a plain script), would parse sys.argv itself and fail on the host's own
+    # arguments. Unparsed flags keep their defaults this way; an absl app parses later.
+    flags.FLAGS.mark_as_parsed()
+  ops = {"chunked": xla_chunked.XlaChunkedDotProductAttention(chunk_size=CHUNK)}
+  for name, key in (("cudnn", "cudnn"), ("triton", "triton")):
+    if key in api.IMPLEMENTATIONS:
+      ops[name] = api.IMPLEMENTATIONS[key]
+  mosaic = "mosaic_gpu" if jax.default_backend() == "gpu" else "mosaic_tpu"
+  if mosaic in api.IMPLEMENTATIONS:
+    ops["mosaic"] = api.IMPLEMENTATIONS[mosaic]
+  return ops, base.Mask
+
+
+def _tokamax_attention(q, k, v, mask: Mask, name: str):
+  """q f[B, T, H, Dh], k and v f[B, S, K, Dh] through a tokamax op, the mask as its
+  vectors: key validity broadcast over queries, the segment start as `k_start`, the
+  queries' slots as `q_indices` against causal order."""
+  b, t, h, dh = q.shape
+  if name != "chunked" and jax.default_backend() == "cpu":
+    raise ValueError(f"attention={name!r} is an accelerator kernel; on CPU use 'xla' or "
+                     "'chunked' (or 'auto')")
+  ops, tokamax_mask = _tokamax_ops()
+  if name not in ops:
+    raise ValueError(f"attention={name!r}: tokamax has no such kernel here "
+                     f"(available: {sorted(ops)})")
+  kw = {}
+  if mask.k_start is not None:
+    kw["k_start"] = mask.k_start[:, None, :]
+  spec = tokamax_mask(mask.key_valid[:, None, None, :], is_causal=True, **kw)
+  q_indices = None if mask.q_index is None else mask.q_index[:, None, :]
+  out = ops[name](q, k, v, mask=spec, q_indices=q_indices)
+  out = jnp.where(mask.q_valid[:, :, None, None], out, 0.0)
+  return out.reshape(b, t, h * dh).astype(q.dtype)
