@@ -14,7 +14,7 @@ import numpy as np
 from jaxrl_agents import data as data_lib
 from jaxrl_agents import registry
 from jaxrl_agents import rewards as rewards_lib
-from jaxrl_agents.models import transformer, zoo
+from jaxrl_agents.models import attention, transformer, zoo
 from jaxrl_agents.objectives import policy_objective as policy_objective_lib
 from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rewards import learned as learned_rewards
@@ -35,7 +35,9 @@ RESUME_RULES = harness.ResumeRules(
         # Decoding's row count as replies finish: the same replies up to float rounding.
         "compact_min_rows",
         # The log-probabilities in chunks of columns: the same values up to float rounding.
-        "logprob_chunk"}),
+        "logprob_chunk",
+        # How attention is computed, not what: the same values up to float rounding.
+        "attention"}),
     backward_defaults={
         "prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
         "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0, "potential_shaping": False,
@@ -44,7 +46,8 @@ RESUME_RULES = harness.ResumeRules(
         "off_policy.cap": 2.0, "pack_replies": False, "pack_below": 1.0,
         "optimizer.decay_over": 1.0, "drop_tied_groups": False,
         "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
-        "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0})
+        "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0,
+        "attention": "auto"})
 
 
 def setup_logging() -> None:
@@ -116,8 +119,11 @@ def validate_common(config) -> None:
 def load_model(config) -> zoo.Model:
   """The policy model; on `config.mesh` (more than one device) its weights load sharded,
   laid out by `config.layout` (registry kind "layout", models/layouts.py: "stacked" runs
-  its layers as one lax.scan, rematerialized by `config.remat`; for accelerators)."""
+  its layers as one lax.scan, rematerialized by `config.remat`; for accelerators), its
+  attention computed by `config.attention` (models/attention.py)."""
   layout, remat = config.get("layout", "list"), config.get("remat", "none")
+  attention_name = config.get("attention", "auto")
+  attention.resolve(attention_name)  # a bad name fails before the weights load
   registry.check_name("layout", layout, "layout")
   if remat not in transformer.REMAT_POLICIES:
     raise ValueError(f"remat must be one of {sorted(transformer.REMAT_POLICIES)}, got "
@@ -125,6 +131,11 @@ def load_model(config) -> zoo.Model:
   if remat != "none" and layout != "stacked":
     raise ValueError(f"remat={remat!r} applies to the stacked layout; set layout='stacked'")
   model = zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
+  if isinstance(model.cfg, transformer.TransformerConfig):
+    model.cfg = model.cfg.replace(attention=attention_name)
+  elif attention_name not in ("auto", "xla"):
+    raise ValueError(f"attention={attention_name!r} is the project's transformer's; "
+                     f"config.model {config.model!r} computes its own attention")
   try:
     return registry.get("layout", layout)(model, remat=remat)
   except ValueError as e:

@@ -85,6 +85,7 @@ def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: flo
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
   c.layout = "list"  # or "stacked" (grpo_arithmetic.py)
   c.remat = "none"
+  c.attention = "auto"  # models/attention.py (grpo_arithmetic.py)
   c.eval_every = eval_every
   c.checkpoint_every = eval_every
   c.keep_checkpoints = 2
