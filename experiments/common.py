@@ -123,7 +123,7 @@ def load_model(config) -> zoo.Model:
   attention computed by `config.attention` (models/attention.py)."""
   layout, remat = config.get("layout", "list"), config.get("remat", "none")
   attention_name = config.get("attention", "auto")
-  attention.resolve(attention_name)  # a bad name fails before the weights load
+  attention.check_name(attention_name)  # a bad name fails before the weights load
   registry.check_name("layout", layout, "layout")
   if remat not in transformer.REMAT_POLICIES:
     raise ValueError(f"remat must be one of {sorted(transformer.REMAT_POLICIES)}, got "

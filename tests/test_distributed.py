@@ -32,6 +32,27 @@ def test_settings_from_env():
                                     "num_processes": 4, "process_id": 3}
 
 
+def test_importing_experiments_and_building_configs_starts_no_backend():
+  # `jax.distributed.initialize` must run before anything starts an XLA backend, and the
+  # experiments call it after absl has parsed `--config` (which builds the config): a
+  # backend started by an import or a config's construction fails every multi-process run.
+  code = (
+      "import glob, importlib, importlib.util, os\n"
+      "from jax._src import xla_bridge\n"
+      "for path in sorted(glob.glob('experiments/*.py')):\n"
+      "  importlib.import_module('experiments.' + os.path.basename(path)[:-3])\n"
+      "for path in sorted(glob.glob('experiments/configs/*.py')):\n"
+      "  spec = importlib.util.spec_from_file_location('c', path)\n"
+      "  module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+      "  if hasattr(module, 'get_config'):\n"
+      "    module.get_config(); module.get_config('tiny')\n"
+      "assert not xla_bridge.backends_are_initialized(), 'a backend was started'\n"
+      "print('ok')\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("env, match", [
     ({"JAXRL_COORDINATOR": "nohost"}, "host:port"),
     ({"JAXRL_COORDINATOR": "h:1", "JAXRL_NUM_PROCESSES": "two", "JAXRL_PROCESS_ID": "0"},

@@ -120,11 +120,18 @@ class Mask:
     return allowed & self.q_valid[:, :, None]
 
 
-def resolve(implementation: str) -> str:
-  """The implementation "auto" means on this backend; others are checked and returned."""
+def check_name(implementation: str) -> None:
+  """A clear error for a name not in `IMPLEMENTATIONS`; touches no backend, so configs
+  can be checked before `jax.distributed.initialize` (which must precede any backend)."""
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"attention must be one of {list(IMPLEMENTATIONS)}, got "
                      f"{implementation!r}")
+
+
+def resolve(implementation: str) -> str:
+  """The implementation "auto" means on this backend; others are checked and returned.
+  Asks for the backend: call it at trace time, not when a config is built."""
+  check_name(implementation)
   if implementation != "auto":
     return implementation
   # CPU: the einsums are faster at the rows the CPU trains on and compile sooner

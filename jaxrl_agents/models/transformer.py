@@ -136,7 +136,7 @@ class TransformerConfig:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
     _as_dtype(self.param_dtype)
     _as_dtype(self.dtype)
-    attention.resolve(self.attention)
+    attention.check_name(self.attention)
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
