@@ -60,6 +60,9 @@ def parse_args():
                       "program per layer, the CPU's default), stacked (one lax.scan, nothing "
                       "rematerialized), stacked-full or stacked-dots (the scanned layer "
                       "rematerialized by transformer.REMAT_POLICIES)")
+  p.add_argument("--attentions", default="auto",
+                 help="comma-separated attention implementations of the project's train step "
+                      "(models/attention.py: auto, xla, chunked, cudnn, triton, mosaic)")
   p.add_argument("--skip-torch", action="store_true", help="the train step's torch side")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--skip-sampler", action="store_true")
@@ -188,11 +191,12 @@ def layout_params(model, layout: str):
   return transformer.stack_layers(model.params), model.cfg.replace(remat=remat)
 
 
-def ours_train_step(model, tokens: np.ndarray, dtype: str, layout: str = "list"):
+def ours_train_step(model, tokens: np.ndarray, dtype: str, layout: str = "list",
+                    attention: str = "auto"):
   """(step, close) of the project's SFT update on every token of `tokens`: jitted, the
   state donated (`experiments.sft.make_update`)."""
   params, cfg = layout_params(model, layout)
-  cfg = cfg.replace(dtype=dtype)
+  cfg = cfg.replace(dtype=dtype, attention=attention)
   optimizer = optim_lib.make_optimizer(learning_rate=1e-5, total_updates=1000, grad_clip=None)
 
   def loss(params, batch: TrainBatch):
@@ -260,12 +264,14 @@ def time_steps(step, repeats: int) -> tuple[float, float]:
 
 
 def bench_train(model, hf_dir: str, torch_device: str, shapes, dtypes, repeats,
-                peak: dict, layouts=("list",), with_torch: bool = True) -> dict:
+                peak: dict, layouts=("list",), with_torch: bool = True,
+                attentions=("auto",)) -> dict:
   """Each (shape, dtype, system) alone: its state is freed before the next starts. The
-  project's rows are keyed by layout too where more than one is asked for; a row that
-  runs out of the card's memory is recorded as such and the run goes on."""
+  project's rows are keyed by layout and attention too where more than one is asked
+  for; a row that runs out of the card's memory is recorded as such and the run goes
+  on."""
   result = {"tok_s": {"ours": {}, "torch": {}}, "compile_s": {}, "mfu": {"ours": {}, "torch": {}},
-            "out_of_memory": []}
+            "out_of_memory": [], "errors": {}}
   base = {}
   for batch, seq in shapes:
     tokens = np.random.default_rng(0).integers(3, model.cfg.vocab_size, (batch, seq),
@@ -273,22 +279,30 @@ def bench_train(model, hf_dir: str, torch_device: str, shapes, dtypes, repeats,
     flops_per_token = 6 * model.cfg.num_params + 12 * model.cfg.n_layers * seq * (
         model.cfg.n_heads * model.cfg.head_dim)
     for dtype in dtypes:
-      runs = [("ours", layout) for layout in layouts] + ([("torch", "")] if with_torch else [])
-      for system, layout in runs:
-        key = f"{dtype}_{batch}x{seq}" + (f"_{layout}" if len(layouts) > 1 and layout else "")
+      runs = [("ours", (layout, attn)) for layout in layouts for attn in attentions] + (
+          [("torch", ("", ""))] if with_torch else [])
+      for system, (layout, attn) in runs:
+        key = (f"{dtype}_{batch}x{seq}" + (f"_{layout}" if len(layouts) > 1 and layout else "")
+               + (f"_{attn}" if len(attentions) > 1 and attn else ""))
         base[key] = f"{dtype}_{batch}x{seq}"  # the torch row an ours row compares with
         try:
-          step, close = (ours_train_step(model, tokens, dtype, layout) if system == "ours" else
+          step, close = (ours_train_step(model, tokens, dtype, layout, attn)
+                         if system == "ours" else
                          torch_train_step(hf_dir, tokens, dtype, torch_device))
           try:
             first, best = time_steps(step, repeats)
           finally:
             close()
-        except Exception as e:  # noqa: BLE001 - an out-of-memory row is a result; others raise
-          if not is_out_of_memory(e):
+        except Exception as e:  # noqa: BLE001 - out of memory, or a kernel that refuses, is a result
+          if is_out_of_memory(e):
+            result["out_of_memory"].append(f"{system} {key}")
+            print(f"train   {system:5s} {key:18s}: out of memory ({type(e).__name__})",
+                  flush=True)
+          elif system == "ours" and attn not in ("auto", "xla"):
+            result["errors"][f"{system} {key}"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"train   {system:5s} {key:18s}: {type(e).__name__}", flush=True)
+          else:
             raise
-          result["out_of_memory"].append(f"{system} {key}")
-          print(f"train   {system:5s} {key:18s}: out of memory ({type(e).__name__})", flush=True)
           continue
         tok_s = batch * seq / best
         result["tok_s"][system][key] = tok_s
@@ -328,7 +342,8 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in ARGS.train_shapes.split(",")]
     result["train_step"] = bench_train(model, hf_dir, torch_device, shapes, dtypes,
                                        ARGS.repeats, peak, ARGS.layouts.split(","),
-                                       with_torch=not ARGS.skip_torch)
+                                       with_torch=not ARGS.skip_torch,
+                                       attentions=ARGS.attentions.split(","))
   if ARGS.random_weights:
     shutil.rmtree(hf_dir, ignore_errors=True)
   print(json.dumps(result))
