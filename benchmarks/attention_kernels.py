@@ -12,8 +12,9 @@ memory is recorded as its error and the rest go on:
 
 1. agreement: `attend` against `attention.reference` (softmax over the materialized
    mask, float32), forward and the gradient of a random projection of the output, for
-   a packed pass (two segments and padding, `Mask.segments`) and a pass through a KV
-   cache (`Mask.cached`), in float32 and bfloat16 inputs: the max abs error.
+   a packed pass (two segments and padding, `Mask.segments`), a pass through a KV
+   cache (`Mask.cached`) and a continuation after a shared prefix at odd lengths
+   (`Mask.after_prefix`), in float32 and bfloat16 inputs: the max abs error.
 2. attention: `jax.grad` of a projection of `attend` at `--rows` x T, bfloat16, for
    SmolLM2's heads (9 query / 3 key-value heads of 64) and a Qwen2.5-1.5B shape's (12 / 2
    of 128): ms a call (best of `--repeats` after a warm-up), compile s, XLA's compiled
@@ -80,14 +81,27 @@ def cached_mask(b, t, s):
   return attention.Mask.cached(jnp.asarray(valid), jnp.int32(s - t), t)
 
 
+def prefix_mask(b, t, s):
+  """T continuation tokens after an (s - t)-slot prefix whose first 2 slots are padding,
+  the last 4 of each continuation padding too (`Mask.after_prefix`)."""
+  prefix = np.ones((b, s - t), bool)
+  prefix[:, :2] = False
+  own = np.ones((b, t), bool)
+  own[:, -4:] = False
+  return attention.Mask.after_prefix(jnp.asarray(prefix), jnp.asarray(own))
+
+
 def agreement(name: str, dtype) -> dict:
-  return {case: agreement_case(name, dtype, case, t, s)
-          for case, (t, s) in {"packed": (256, 256), "cached": (16, 320)}.items()}
+  # "after_prefix" is scoring's pass after a shared prompt, at odd lengths (scoring's
+  # rows are one shorter than the tokens).
+  return {case: agreement_case(name, dtype, case, t, s) for case, (t, s) in {
+      "packed": (256, 256), "cached": (16, 320), "after_prefix": (255, 319)}.items()}
 
 
 def agreement_case(name: str, dtype, case: str, t: int, s: int) -> dict:
   q, k, v, w = problem(jax.random.key(1), 2, t, s, HEADS["smollm2"], dtype)
-  mask = packed_mask(2, t) if case == "packed" else cached_mask(2, t, s)
+  mask = {"packed": lambda: packed_mask(2, t), "cached": lambda: cached_mask(2, t, s),
+          "after_prefix": lambda: prefix_mask(2, t, s)}[case]()
   kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # attend's [B, K, S, Dh]
 
   def loss(q, k, v, fn):

@@ -109,6 +109,15 @@ class Mask:
     return cls(key_valid=jnp.concatenate([prefix_valid, own_valid], 1), q_index=q_index,
                k_start=None, q_valid=sees)
 
+  def padded(self, t_pad: int, s_pad: int) -> Mask:
+    """The mask of `t_pad` more queries that attend to nothing and `s_pad` more key slots
+    nobody sees, both at the end (`pad_to_even`)."""
+    pad = lambda a, n, value: None if a is None else jnp.pad(
+        a, ((0, 0), (0, n)), constant_values=value)
+    return Mask(key_valid=pad(self.key_valid, s_pad, False),
+                q_index=pad(self.q_index, t_pad, 0), k_start=pad(self.k_start, t_pad, 0),
+                q_valid=pad(self.q_valid, t_pad, False))
+
   def as_bool(self, t: int) -> jax.Array:
     """The mask as bool[B, T, S] (the "xla" implementation's and the reference's)."""
     s = self.key_valid.shape[1]
@@ -252,6 +261,23 @@ def _tokamax_ops():
   return ops, base.Mask
 
 
+def pad_to_even(q, k, v, mask: Mask):
+  """(q, k, v, mask) with an even number of queries and of key slots, and the query
+  count before. cuDNN's fused attention refuses the backward pass of a masked (biased)
+  attention at odd lengths ("Unsupported sequence length", seen on an H200), and
+  scoring's rows are one shorter than the tokens. The padding attends to nothing and
+  is seen by nothing. q f[B, T, H, Dh]; k, v f[B, S, K, Dh]."""
+  t, s = q.shape[1], k.shape[1]
+  if mask.q_index is None:  # query i is slot i: pad both alike
+    t_pad = s_pad = t % 2
+  else:
+    t_pad, s_pad = t % 2, s % 2
+  if not (t_pad or s_pad):
+    return q, k, v, mask, t
+  along = lambda a, n: jnp.pad(a, ((0, 0), (0, n)) + ((0, 0),) * (a.ndim - 2))
+  return along(q, t_pad), along(k, s_pad), along(v, s_pad), mask.padded(t_pad, s_pad), t
+
+
 def _tokamax_attention(q, k, v, mask: Mask, name: str):
   """q f[B, T, H, Dh], k and v f[B, S, K, Dh] through a tokamax op, the mask as its
   vectors: key validity broadcast over queries, the segment start as `k_start`, the
@@ -264,11 +290,19 @@ def _tokamax_attention(q, k, v, mask: Mask, name: str):
   if name not in ops:
     raise ValueError(f"attention={name!r}: tokamax has no such kernel here "
                      f"(available: {sorted(ops)})")
+  if name == "cudnn":
+    q, k, v, mask, t = pad_to_even(q, k, v, mask)
+  out = _tokamax_op(ops[name], tokamax_mask, q, k, v, mask)[:, :t]
+  return out.reshape(b, t, h * dh).astype(q.dtype)
+
+
+def _tokamax_op(op, tokamax_mask, q, k, v, mask: Mask):
+  """f[B, T, H, Dh] of a tokamax op, the mask given as its vectors (zeros where
+  `mask.q_valid` is False)."""
   kw = {}
   if mask.k_start is not None:
     kw["k_start"] = mask.k_start[:, None, :]
   spec = tokamax_mask(mask.key_valid[:, None, None, :], is_causal=True, **kw)
   q_indices = None if mask.q_index is None else mask.q_index[:, None, :]
-  out = ops[name](q, k, v, mask=spec, q_indices=q_indices)
-  out = jnp.where(mask.q_valid[:, :, None, None], out, 0.0)
-  return out.reshape(b, t, h * dh).astype(q.dtype)
+  out = op(q, k, v, mask=spec, q_indices=q_indices)
+  return jnp.where(mask.q_valid[:, :, None, None], out, 0.0)
