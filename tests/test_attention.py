@@ -241,6 +241,14 @@ def test_an_accelerator_kernel_on_cpu_is_refused_clearly():
     _run("cudnn", q, k, v, mask)
 
 
-def test_auto_is_the_einsums_on_cpu_and_chunked_elsewhere():
+def test_auto_is_the_einsums_on_cpu_cudnn_for_half_precision_on_gpu_chunked_else():
+  bf16, f16, f32 = jnp.bfloat16, jnp.float16, jnp.float32
+  assert attention.resolve("auto", bf16, backend="cpu") == "xla"
+  assert attention.resolve("auto", bf16, backend="gpu") == "cudnn"
+  assert attention.resolve("auto", f16, backend="gpu") == "cudnn"
+  assert attention.resolve("auto", f32, backend="gpu") == "chunked"  # cuDNN refuses f32
+  assert attention.resolve("auto", None, backend="gpu") == "chunked"
+  assert attention.resolve("auto", bf16, backend="tpu") == "chunked"
+  assert attention.resolve("triton", f32, backend="cpu") == "triton"  # asked for: as is
   want = "xla" if jax.default_backend() == "cpu" else "chunked"
   assert attention.resolve("auto") == want

@@ -247,8 +247,8 @@ def _devices_and_run(c: ml_collections.ConfigDict) -> None:
   c.layout = "list"
   c.remat = "none"
   # How attention is computed (jaxrl_agents/models/attention.py): "auto" is the einsums
-  # on CPU and the chunked online softmax (memory linear in the row) on accelerators;
-  # "xla", "chunked", or a fused kernel on its hardware: "cudnn", "triton", "mosaic".
+  # on CPU, cuDNN's fused kernel for bfloat16 on a GPU, and the chunked online softmax
+  # (memory linear in the row) otherwise; or "xla", "chunked", "cudnn", "triton", "mosaic".
   c.attention = "auto"
   # > 0: GRPO's log-probabilities from the hidden states this many columns at a time,
   # never the whole [B, N, V] vocabulary logits (192 KiB a token at SmolLM2's V, f32):

@@ -8,7 +8,7 @@ prefill (causal within segments, padding anywhere), a pass through a KV cache (t
 query's slot against the cache's valid slots) and continuations after a shared prefix
 all have that form (`Mask.segments`, `Mask.cached`, `Mask.after_prefix`).
 
-Implementations (`IMPLEMENTATIONS`; "auto" picks by backend, `resolve`):
+Implementations (`IMPLEMENTATIONS`; "auto" picks by backend and dtype, `resolve`):
 
 - "xla": einsums over the whole scores, causal passes in blocks of `CAUSAL_BLOCK`
   queries against the keys up to the block. The fastest at short rows on CPU, and
@@ -16,12 +16,20 @@ Implementations (`IMPLEMENTATIONS`; "auto" picks by backend, `resolve`):
   memory grows with T * S.
 - "chunked": tokamax's `xla_chunked` (Rabe & Staats, arXiv:2112.05682): queries and
   keys in chunks with an online softmax, each chunk rematerialized in the backward
-  pass, so memory grows with T. Pure XLA: it runs on every backend; the accelerator
-  default.
-- "cudnn", "triton", "mosaic": tokamax's kernels (cuDNN's fused attention and Pallas
-  Triton on GPU; Pallas Mosaic on TPU and Hopper GPUs), given the same mask. They
-  cannot run on a CPU; the project has not measured them on hardware yet
-  (benchmarks/gpu.py is the check).
+  pass, so memory grows with T. Pure XLA: it runs on every backend (the default for
+  float32 on a GPU and on TPU), but on an H200 it is slower than the einsums.
+- "cudnn": cuDNN's fused attention (through tokamax and `jax.nn.dot_product_attention`),
+  bfloat16 or float16 inputs only; the GPU default for those. Checked against
+  `reference` on an H200 (forward and gradient, every kind of mask) and measured there
+  (benchmarks/attention_kernels.py, docs/long_sequences.md). It is given the mask
+  materialized as bool[B, 1, T, S] (tokamax's translation), and odd lengths padded
+  (`pad_to_even`).
+- "triton", "mosaic": tokamax's Pallas kernels (Triton on GPU; Mosaic on TPU and Hopper
+  GPUs), given the same mask. tokamax 0.0.12's GPU ones failed to trace under the GPU
+  image's jax 0.11.2 (Triton: `pl.dot` removed; Mosaic GPU: a `Mesh` argument), so
+  they are unverified; on TPU they are untested.
+
+None of the kernels run on a CPU (a clear error names the ones that do).
 
 `reference` is the plain softmax over a materialized mask, the tests' oracle.
 """
@@ -137,15 +145,28 @@ def check_name(implementation: str) -> None:
                      f"{implementation!r}")
 
 
-def resolve(implementation: str) -> str:
-  """The implementation "auto" means on this backend; others are checked and returned.
-  Asks for the backend: call it at trace time, not when a config is built."""
+def resolve(implementation: str, dtype=None, backend: str | None = None) -> str:
+  """The implementation "auto" means for inputs of `dtype` on `backend` (default: this
+  process's); others are checked and returned. Asks for the backend: call it at trace
+  time, not when a config is built.
+
+  "auto" is chosen by measurement (docs/long_sequences.md): on CPU the einsums, faster
+  at the rows a CPU trains on and sooner compiled; on a GPU cuDNN's fused kernel for
+  bfloat16 and float16 (on an H200 4-8x faster than "chunked" and 4x the einsums at rows
+  of 2k-8k, with the fewest temporaries) and "chunked" for float32, which cuDNN
+  refuses; elsewhere (TPU) "chunked", memory linear in the row, until a kernel there
+  is measured.
+  """
   check_name(implementation)
   if implementation != "auto":
     return implementation
-  # CPU: the einsums are faster at the rows the CPU trains on and compile sooner
-  # (benchmarks/long_context.py); accelerators: memory linear in the row.
-  return "xla" if jax.default_backend() == "cpu" else "chunked"
+  backend = jax.default_backend() if backend is None else backend
+  if backend == "cpu":
+    return "xla"
+  if backend in ("gpu", "cuda", "rocm") and dtype is not None and jnp.dtype(dtype) in (
+      jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return "cudnn"
+  return "chunked"
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: Mask, *,
@@ -161,8 +182,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: Mask, *,
     compute_dtype: the dtype the products round their inputs to (default q's): "xla"
       multiplies in float32 inputs rounded to it.
   """
-  name = resolve(implementation)
   dtype = q.dtype if compute_dtype is None else compute_dtype
+  name = resolve(implementation, dtype)
   if name == "xla":
     causal = mask.q_index is None and not slots_last
     return _einsum_attention(q, k, v, mask.as_bool(q.shape[1]), dtype, slots_last=slots_last,
