@@ -48,10 +48,11 @@ IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "triton", "mosaic")
 # Query rows per block of a causal pass under "xla" (see `_einsum_attention`).
 CAUSAL_BLOCK = 64
 
-# (query, key) chunk sizes of "chunked". tokamax's own default is (512, 1024); smaller
-# chunks keep less live at once. At 4 rows of 2,048 tokens and SmolLM2's shapes the
-# gradient of scoring compiled to fewer temporaries with (256, 512) than with larger
-# chunks (benchmarks/long_context.py), at about the same CPU time.
+# (query, key) chunk sizes of "chunked". tokamax's own default is (512, 1024). At 4 rows
+# and SmolLM2's shapes the gradient of scoring compiled to 1.35 / 1.29 / 1.32 GiB of
+# temporaries with (128, 256) / (256, 512) / (512, 1024) at 2,048 tokens and 7.32 / 6.16
+# / 5.59 GiB at 8,192 (benchmarks/long_context.py --chunks, a CPU): within 10% of each
+# other; the middle one is kept.
 CHUNK = (256, 512)
 
 
