@@ -842,7 +842,9 @@ def decode_step(params: Params, tokens: jax.Array, positions: jax.Array,
   groups = heads // kv_heads
   start = cache.index
   valid = jax.lax.dynamic_update_slice(cache.valid, jnp.ones((b, 1), bool), (0, start))
-  allowed = (jnp.arange(valid.shape[1]) <= start)[None, :] & valid  # [B, S]
+  # Every valid slot holds a token written before this one (no caller marks a slot valid
+  # ahead of its write), in any slot order: a cache used as a ring (`continuous`) too.
+  allowed = valid  # [B, S]
   zero = jnp.zeros((), jnp.int32)
   # Gathered straight into [D, B]: `embed[tokens].T` leaves a transposed
   # layout that XLA:CPU carries into the projections, and a bf16 dot with a

@@ -100,7 +100,8 @@ def filter_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
 
 
 def sample_inverse_cdf(rng: jax.Array, log_probs: jax.Array, axis: int = -1, *,
-                       rows: jax.Array | None = None, batch: int | None = None) -> jax.Array:
+                       rows: jax.Array | None = None, batch: int | None = None,
+                       uniform: jax.Array | None = None) -> jax.Array:
   """One int32 draw per row of log-probabilities over the vocabulary `axis`, by inverting the CDF.
 
   One uniform number per row instead of `jax.random.categorical`'s Gumbel
@@ -117,13 +118,17 @@ def sample_inverse_cdf(rng: jax.Array, log_probs: jax.Array, axis: int = -1, *,
     rows: optional int32[B], which rows of a batch of `batch` these are: each
       row gets the draw it would get in the whole batch.
     batch: the whole batch's row count (with `rows`).
+    uniform: optional f32[B] in [0, 1), each row's own draw (`rng` unused): rows
+      that carry their own keys (`continuous`).
 
   Returns:
     int32[B] token ids.
   """
   log_probs = jnp.moveaxis(log_probs, axis, 0)  # [V, B]
   cdf = jnp.cumsum(jnp.exp(log_probs), axis=0)
-  if rows is None:
+  if uniform is not None:
+    uniform = uniform[None, :]
+  elif rows is None:
     uniform = jax.random.uniform(rng, (1, log_probs.shape[1]))
   elif batch is None:
     raise ValueError("sample_inverse_cdf: `rows` needs `batch`, the whole batch's row count")
@@ -148,13 +153,14 @@ def argmax_vocab_major(logits: jax.Array) -> jax.Array:
 
 
 def pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig,
-          rows: jax.Array | None = None, batch: int | None = None):
+          rows: jax.Array | None = None, batch: int | None = None,
+          uniform: jax.Array | None = None):
   """Picks int32[B] tokens from vocabulary-major f32[V, B] logits.
 
   Returns (token, policy logp, sampling logp), each [B]. The logits stay
   [V, B] as the decode step's head produces them; only the truncating filters
   (top-k, top-p, min-p) work on the transposed [B, V]. `rows` and `batch`:
-  as `sample_inverse_cdf`'s, for a compacted batch.
+  as `sample_inverse_cdf`'s, for a compacted batch; `uniform`: its per-row draws.
   """
   logits = logits.astype(jnp.float32)
   at_token = lambda a, token: jnp.take_along_axis(a, token[None, :], axis=0)[0]
@@ -167,7 +173,8 @@ def pick(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig,
     else:
       filtered = logits / sampling.temperature
     sampling_logp_all = filtered - jax.nn.logsumexp(filtered, axis=0, keepdims=True)
-    token = sample_inverse_cdf(rng, sampling_logp_all, axis=0, rows=rows, batch=batch)
+    token = sample_inverse_cdf(rng, sampling_logp_all, axis=0, rows=rows, batch=batch,
+                               uniform=uniform)
     sampling_logp = at_token(sampling_logp_all, token)
   policy_logp = at_token(logits, token) - jax.nn.logsumexp(logits, axis=0)
   if not sampling.modifies_distribution:
