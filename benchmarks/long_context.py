@@ -20,8 +20,10 @@ implementation choice is the "xla" row (the same einsums); the per-layer list la
 with whole logits is measured by benchmarks/long_scoring_memory.py (35.6 GiB at 4 x 2,048
 on 2026-12-03). `--chunks` instead compares "chunked"'s (query, key) chunk sizes.
 
-Decode throughput with continuous batching is not measured: continuous batching is not
-built yet, and the last line says so (`decode_tok_s` null).
+`--decode` also measures decode tokens/s of a static batch against continuous batching
+on long-tailed reply lengths (benchmarks/continuous_batching.py: the embedded model,
+batch 32, geometric lengths of mean `--decode-mean` capped at `--decode-cap`), as
+`decode_tok_s` {static, continuous} and `continuous_over_static` (null without it).
 
 Prints one JSON object as its last line (benchmarks/record.py), with
 `scoring_temp_bytes` and `update_temp_bytes` as {implementation: {length: bytes}} of
@@ -116,6 +118,12 @@ def main() -> None:
   p.add_argument("--rows", type=int, default=4)
   p.add_argument("--prompt", type=int, default=64)
   p.add_argument("--logprob-chunk", type=int, default=128)
+  p.add_argument("--decode", action="store_true",
+                 help="also decode static vs continuous (minutes; "
+                      "benchmarks/continuous_batching.py)")
+  p.add_argument("--decode-mean", type=float, default=64)
+  p.add_argument("--decode-cap", type=int, default=512)
+  p.add_argument("--decode-sequences", type=int, default=128)
   args = p.parse_args()
   lengths = [int(x) for x in args.lengths.split(",")]
   if args.chunks:
@@ -124,8 +132,7 @@ def main() -> None:
     variants = [(name, attention.CHUNK) for name in args.implementations.split(",")]
   out = {"rows": args.rows, "prompt": args.prompt, "logprob_chunk": args.logprob_chunk,
          "layout": "stacked, remat full", "backend": jax.default_backend(), "results": [],
-         "decode_tok_s": None, "continuous_over_static": None,
-         "decode_note": "continuous batching is not built yet; nothing measured"}
+         "decode_tok_s": None, "continuous_over_static": None}
   for model in args.models.split(","):
     for length in lengths:
       cfg = model_config(model, length, args.prompt)
@@ -146,6 +153,15 @@ def main() -> None:
         name: {str(r["length"]): r["temp_bytes"] for r in out["results"]
                if r["kind"] == kind and r["model"] == first and r["attention"] == name}
         for name, _ in variants} if not args.chunks else None
+  if args.decode:
+    import continuous_batching  # benchmarks/ is the script's directory
+    decode = continuous_batching.measure(zoo.load(zoo.DEFAULT_MODEL), args.decode_sequences, 32,
+                                         args.decode_mean, args.decode_cap)
+    out.update(decode=decode, decode_tok_s=decode["decode_tok_s"],
+               continuous_over_static=decode["continuous_over_static"])
+    print(f"decode: static {decode['decode_tok_s']['static']:.1f} tok/s, continuous "
+          f"{decode['decode_tok_s']['continuous']:.1f} tok/s, x"
+          f"{decode['continuous_over_static']:.2f}", flush=True)
   print(json.dumps(out))
 
 

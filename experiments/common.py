@@ -47,7 +47,7 @@ RESUME_RULES = harness.ResumeRules(
         "optimizer.decay_over": 1.0, "drop_tied_groups": False,
         "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
         "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0,
-        "attention": "auto"})
+        "attention": "auto", "continuous_slots": 0})
 
 
 def setup_logging() -> None:
@@ -106,6 +106,13 @@ def validate_common(config) -> None:
   if clock == "train_time" and not config.get("time_budget_s", 0):
     raise ValueError("config.optimizer.clock='train_time' decays the learning rate over the "
                      "time budget: set config.time_budget_s > 0 (or use clock='updates')")
+  slots = config.get("continuous_slots", 0)
+  if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+    raise ValueError(f"config.continuous_slots must be 0 (static batches) or the number of "
+                     f"rows decoding at once, got {slots!r}")
+  if slots and config.get("compact_min_rows", 0):
+    raise ValueError("config.continuous_slots and config.compact_min_rows both shorten "
+                     "decoding's finished rows: set one of them to 0")
   batch = config.prompts_per_step * config.group_size
   if batch % config.minibatches:
     raise ValueError(f"prompts_per_step * group_size = {batch} is not divisible by "
@@ -282,6 +289,9 @@ def episodes(config, model: zoo.Model, credit=None):
   if config.get("env"):
     from jaxrl_agents.rollout import env_loop
 
+    if config.get("continuous_slots", 0):
+      raise ValueError("config.continuous_slots is for single-turn rollouts; an environment's "
+                       "episodes decode their turns in static batches (set it to 0)")
     collect, evaluate, data = env_loop.make(config, model, credit)
     return collect, evaluate if config.eval_size else None, data
   train_source, eval_examples = task_examples(config)

@@ -84,3 +84,44 @@ def test_bad_arguments_are_refused_clearly(tiny_model):
                                        compact_min_rows=2)
   with pytest.raises(ValueError, match="compact_min_rows is the static batch's"):
     _continuous(tiny_model, compact, slots=2)
+
+
+def test_evaluation_through_continuous_batching_equals_static_batches(tiny_model):
+  from experiments import common
+  from experiments.configs import grpo_arithmetic
+  from jaxrl_agents.rollout import single_turn
+
+  config = grpo_arithmetic.get_config("tiny")
+  _, eval_examples = common.task_examples(config)
+  reward_fn, grader = common.make_rewards(config)
+  kw = dict(batch_size=4, max_new_tokens=config.max_new_tokens,
+            template=config.prompt_template, chat=config.chat,
+            system=config.get("system_prompt") or None, reward_fn=reward_fn, grader=grader)
+  examples = list(eval_examples[:6])
+  static, static_samples = single_turn.evaluate(tiny_model.params, tiny_model, examples, **kw)
+  cont, cont_samples = single_turn.evaluate(tiny_model.params, tiny_model, examples,
+                                            continuous_slots=3, **kw)
+  assert [s["completion"] for s in cont_samples] == [s["completion"] for s in static_samples]
+  assert cont["accuracy"] == static["accuracy"]
+  assert cont["num_examples"] == static["num_examples"] == 6
+
+
+def test_a_tiny_grpo_run_samples_through_continuous_batching(tmp_path):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+  from jaxrl_agents.train import metrics as metrics_lib
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.continuous_slots = 2, 4
+  grpo.train(config, str(tmp_path / "run"), progress=False)
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  train = [r for r in records if r["kind"] == "train"]
+  assert [r["step"] for r in train] == [1, 2]
+  assert all(np.isfinite(r["loss"]) for r in train)
+  assert any(r["kind"] == "eval" for r in records)
+  config.compact_min_rows = 2
+  with pytest.raises(ValueError, match="continuous_slots and config.compact_min_rows"):
+    grpo.train(config, str(tmp_path / "both"), progress=False)
+  config.compact_min_rows, config.continuous_slots = 0, -1
+  with pytest.raises(ValueError, match="continuous_slots must be 0"):
+    grpo.train(config, str(tmp_path / "negative"), progress=False)

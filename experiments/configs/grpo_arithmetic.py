@@ -154,6 +154,12 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
   # halving down to this many rows (SamplingConfig.compact_min_rows): the same replies up
   # to float rounding, the long replies no longer paying for the finished rows.
   c.compact_min_rows = 0
+  # 0, or the rollout's rows (and the evaluation's examples) decode this many at a time
+  # through continuous batching (jaxrl_agents/rollout/continuous.py): a row that is done
+  # takes the next queued one, so long-tailed reply lengths stop costing padding. Each
+  # row draws from its own key (another sample stream than the static batch's); one
+  # device; the project's transformer.
+  c.continuous_slots = 0
 
 
 def _objective(c: ml_collections.ConfigDict) -> None:

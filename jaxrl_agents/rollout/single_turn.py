@@ -26,8 +26,8 @@ from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import credit
 from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rewards import time_limit
+from jaxrl_agents.rollout import continuous, shapes
 from jaxrl_agents.rollout import sampler as sampler_lib
-from jaxrl_agents.rollout import shapes
 from jaxrl_agents.types import Collect, RewardFn, Rollout
 
 MIN_REPLY_WIDTH = 8  # the narrowest trimmed reply width (`trimmed_width`)
@@ -202,23 +202,32 @@ def likely_trajectory(model: zoo.Model, examples: Sequence[Mapping[str, Any]], *
 
 def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
            group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
-           system: str | None, overflow: str = "error") -> Samples:
+           system: str | None, overflow: str = "error", continuous_slots: int = 0) -> Samples:
   """Samples `group_size` completions per example (one prefill per example).
 
   Rows are example-major: rows [i * G, (i + 1) * G) are example i's group.
   Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW).
+  `continuous_slots` > 0: the rows decode that many at a time through continuous
+  batching (`rollout/continuous.py`), each row prefilled on its own and drawing from its
+  own key, a row that is done making room for the next.
   """
   unique_prompts = format_prompts(examples, template)
   unique_tokens, unique_mask, truncated = _encode_for_sampling(
       model, examples, sampling, template, chat, system, overflow)
-  prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
-                                                    model.tokenizer.pad_token_id)
-  # On a mesh the prompts' rows split over data x fsdp like the params' batch (each
-  # device samples its share; jit propagates the layout to the completions).
-  gen_tokens, gen_mask = sharding.shard_batch((gen_tokens, gen_mask), sharding.mesh_of(params))
-  out = sampler_lib.generate(params, model.cfg, jnp.asarray(gen_tokens), jnp.asarray(gen_mask),
-                             rng, sampling, samples_per_prompt=group_size,
-                             prefix_tokens=None if prefix is None else jnp.asarray(prefix))
+  if continuous_slots:
+    out = _sample_continuous(params, model, unique_tokens, unique_mask, rng, group_size,
+                             sampling, continuous_slots)
+  else:
+    prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
+                                                      model.tokenizer.pad_token_id)
+    # On a mesh the prompts' rows split over data x fsdp like the params' batch (each
+    # device samples its share; jit propagates the layout to the completions).
+    gen_tokens, gen_mask = sharding.shard_batch((gen_tokens, gen_mask),
+                                                sharding.mesh_of(params))
+    out = sampler_lib.generate(params, model.cfg, jnp.asarray(gen_tokens),
+                               jnp.asarray(gen_mask), rng, sampling,
+                               samples_per_prompt=group_size,
+                               prefix_tokens=None if prefix is None else jnp.asarray(prefix))
   host_tokens, lengths = distributed.to_host(out.tokens), distributed.to_host(out.lengths)
   n = trimmed_width(lengths, sampling.max_new_tokens)
   traj = types.single_turn(
@@ -234,6 +243,23 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
       prompts_truncated=truncated)
 
 
+def _sample_continuous(params, model: zoo.Model, tokens: np.ndarray, mask: np.ndarray,
+                       rng: jax.Array, group_size: int, sampling: sampler_lib.SamplingConfig,
+                       slots: int) -> sampler_lib.SampleOutput:
+  """`sample`'s completions through `continuous.generate`: one device (its refills move
+  rows between slots, which a mesh would move between devices)."""
+  mesh = sharding.mesh_of(params)
+  if mesh is not None and mesh.size > 1:
+    raise ValueError(f"continuous_slots={slots} decodes on one device; the policy is on a "
+                     f"mesh of {mesh.size} devices (set continuous_slots=0)")
+  rows = len(tokens) * group_size
+  keys = jax.random.split(rng, rows)
+  return continuous.generate(
+      params, model.cfg, jnp.asarray(np.repeat(tokens, group_size, axis=0)),
+      jnp.asarray(np.repeat(mask, group_size, axis=0)), keys,
+      dataclasses.replace(sampling, compact_min_rows=0), slots=min(slots, rows))
+
+
 # ----------------------------------------------------------------------------
 # The single-turn collector: prompts -> rewarded replies (a types.Rollout), and greedy
 # evaluation of held-out prompts.
@@ -243,10 +269,11 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
             group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
             system: str | None, reward_fn: RewardFn,
             grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray],
-            overflow: str = "error") -> Rollout:
+            overflow: str = "error", continuous_slots: int = 0) -> Rollout:
   """`single_turn.sample`, then the rewards and the grader's verdicts of the completions."""
   s = sample(params, model, examples, rng, group_size=group_size, sampling=sampling,
-                         template=template, chat=chat, system=system, overflow=overflow)
+             template=template, chat=chat, system=system, overflow=overflow,
+             continuous_slots=continuous_slots)
   total, components = reward_fn(s.completions, s.examples)
   total = np.asarray(total, np.float32)
   return Rollout(traj=types.with_outcome(s.traj, total), examples=s.examples, prompts=s.prompts,
@@ -304,9 +331,11 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
   par_references = shaping.references if shaping and shaping.name == "par" else 0
   reference_params = jax.tree.map(jnp.copy, model.params) if par_references else None
 
+  slots = config.get("continuous_slots", 0)
+
   def collect(params, examples, rng):
     r = rollout(params, model, examples, rng, group_size=config.group_size, sampling=sampling,
-                reward_fn=reward_fn, grader=grader, **prompt_kwargs)
+                reward_fn=reward_fn, grader=grader, continuous_slots=slots, **prompt_kwargs)
     reward_timeouts = time_limit.timeouts(reward_fn)  # completions scored 0 for running over
     if par_references:
       ref = sample(reference_params, model, examples, jax.random.fold_in(rng, 7),
@@ -324,7 +353,8 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
   def run_eval(params):
     return evaluate(params, model, eval_examples, batch_size=config.eval_batch_size,
                     max_new_tokens=config.max_new_tokens, reward_fn=reward_fn, grader=grader,
-                    compact_min_rows=config.get("compact_min_rows", 0), **prompt_kwargs)
+                    compact_min_rows=config.get("compact_min_rows", 0),
+                    continuous_slots=slots, **prompt_kwargs)
 
   return collect, run_eval if eval_examples else None
 
@@ -332,21 +362,30 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
 def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
              batch_size: int, max_new_tokens: int, template: str, chat: bool,
              system: str | None, reward_fn: RewardFn, grader, overflow: str = "error",
-             compact_min_rows: int = 0) -> tuple[dict, list[dict]]:
+             compact_min_rows: int = 0, continuous_slots: int = 0) -> tuple[dict, list[dict]]:
   """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples.
-  `compact_min_rows`: the SamplingConfig's (decoding goes on with the unfinished rows)."""
+  `compact_min_rows`: the SamplingConfig's (decoding goes on with the unfinished rows).
+  `continuous_slots` > 0: every example in one queue through that many slots
+  (`rollout/continuous.py`), not in batches of `batch_size`."""
   sampling = sampler_lib.SamplingConfig(
       max_new_tokens=max_new_tokens, temperature=0.0,
       stop_tokens=tokenizer_lib.stop_token_ids(model.tokenizer),
       pad_id=model.tokenizer.pad_token_id, compact_min_rows=compact_min_rows)
-  completions, used, prompts_truncated = [], [], 0
-  for _, n, padded in padded_batches(examples, batch_size):
-    s = sample(params, model, padded, jax.random.key(0), group_size=1,
-                           sampling=sampling, template=template, chat=chat, system=system,
-                           overflow=overflow)
-    completions += s.completions[:n]
-    used += padded[:n]
-    prompts_truncated += int(s.prompts_truncated[:n].sum())  # not the padding
+  if continuous_slots:  # one queue
+    s = sample(params, model, list(examples), jax.random.key(0), group_size=1,
+               sampling=sampling, template=template, chat=chat, system=system,
+               overflow=overflow, continuous_slots=continuous_slots)
+    completions, used = s.completions, list(examples)
+    prompts_truncated = int(s.prompts_truncated.sum())
+  else:
+    completions, used, prompts_truncated = [], [], 0
+    for _, n, padded in padded_batches(examples, batch_size):
+      s = sample(params, model, padded, jax.random.key(0), group_size=1,
+                 sampling=sampling, template=template, chat=chat, system=system,
+                 overflow=overflow)
+      completions += s.completions[:n]
+      used += padded[:n]
+      prompts_truncated += int(s.prompts_truncated[:n].sum())  # not the padding
   total, components = reward_fn(completions, used)
   timeouts = time_limit.timeouts(reward_fn)
   correct = np.asarray(grader(completions, used), np.float32)
