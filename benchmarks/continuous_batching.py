@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import jax
@@ -33,9 +34,18 @@ from sampler import make_questions
 
 import cpu_info
 from jaxrl_agents.models import tokenizer as tokenizer_lib
-from jaxrl_agents.models import zoo
+from jaxrl_agents.models import weights, zoo
 from jaxrl_agents.rollout import continuous, shapes
 from jaxrl_agents.rollout import sampler as sampler_lib
+
+
+def random_model(hf_dir: str) -> zoo.Model:
+  """DIR's architecture and tokenizer with random weights (the decode speed does not
+  depend on their values: stop tokens are disabled)."""
+  with open(os.path.join(hf_dir, "config.json")) as f:
+    cfg = weights.config_from_hf(json.load(f))
+  return zoo.Model(params=jax.jit(cfg.init)(jax.random.key(0)), cfg=cfg,
+                   tokenizer=tokenizer_lib.load_tokenizer(hf_dir), name=f"random:{hf_dir}")
 
 
 def lengths(n: int, mean: float, cap: int, seed: int) -> np.ndarray:
@@ -82,7 +92,7 @@ def measure(model, sequences: int, batch: int, mean: float, cap: int, seed: int 
   out = cont_fn(params, tokens, mask, keys, budget_array)
   cont_tokens = np.asarray(out.tokens)
   cont_s = time.perf_counter() - t0
-  assert np.asarray(out.lengths).tolist() == budgets.tolist()
+  assert np.asarray(out.lengths).tolist() == budgets.tolist(), (np.asarray(out.lengths), budgets)
 
   same = [static_tokens[i, :n].tolist() == cont_tokens[i, :n].tolist()
           for i, n in enumerate(budgets)]
@@ -107,10 +117,16 @@ def main() -> None:
   p.add_argument("--mean", type=float, default=64)
   p.add_argument("--cap", type=int, default=512)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--dtype", default="float32", help="compute dtype")
+  p.add_argument("--random-weights", metavar="DIR",
+                 help="a Hugging Face directory's config.json and tokenizer, weights drawn at "
+                      "random (same shapes; for a machine the weights cannot be sent to)")
   args = p.parse_args()
-  model = zoo.load(zoo.DEFAULT_MODEL)
+  model = random_model(args.random_weights) if args.random_weights else zoo.load(
+      zoo.DEFAULT_MODEL)
+  model.cfg = model.cfg.replace(dtype=args.dtype)
   r = measure(model, args.sequences, args.batch, args.mean, args.cap, args.seed)
-  r.update(model=zoo.DEFAULT_MODEL, dtype=model.cfg.dtype, backend=jax.default_backend(),
+  r.update(model=model.name, dtype=model.cfg.dtype, backend=jax.default_backend(),
            host=cpu_info.describe())
   print(f"{args.sequences} sequences, batch {args.batch}, lengths geometric mean {args.mean} "
         f"cap {args.cap} (mean {r['length_mean']:.0f}, max {r['length_max']}): "

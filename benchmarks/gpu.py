@@ -64,6 +64,9 @@ def parse_args():
                  help="comma-separated attention implementations of the project's train step "
                       "(models/attention.py: auto, xla, chunked, cudnn, triton, mosaic)")
   p.add_argument("--skip-torch", action="store_true", help="the train step's torch side")
+  p.add_argument("--shape", choices=sorted(SHAPES),
+                 help="the train step of a larger architecture with random weights, drawn "
+                      "in JAX (the project's side only: no sampler, no torch)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--skip-sampler", action="store_true")
   p.add_argument("--skip-train", action="store_true")
@@ -75,6 +78,12 @@ def parse_args():
   return args
 
 
+# Architectures for `--shape` (public config.json figures; no weights are read).
+SHAPES = {
+    "qwen2.5-1.5b": dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12,
+                         n_kv_heads=2, head_dim=128, ffn_dim=8960, rope_theta=1000000.0,
+                         tie_embeddings=True, qkv_bias=True, max_seq_len=32768),
+}
 # The train step's layer layouts: the per-layer list, or the stacked layers with the
 # scanned layer rematerialized by a `transformer.REMAT_POLICIES` name ("stacked": none).
 LAYOUTS = ("list", "stacked", "stacked-full", "stacked-dots")
@@ -323,7 +332,13 @@ def main():
     torch.set_float32_matmul_precision("high")  # TF32, as XLA's default on the card
   if jax.default_backend() == "cpu":
     print("note: JAX runs on the CPU here; the figures are not a GPU's", flush=True)
-  if ARGS.random_weights:
+  if ARGS.shape:
+    cfg = transformer.TransformerConfig(**SHAPES[ARGS.shape])
+    model = zoo.Model(params=jax.jit(cfg.init)(jax.random.key(0)), cfg=cfg, tokenizer=None,
+                      name=ARGS.shape)
+    hf_dir = None
+    ARGS.skip_sampler = ARGS.skip_torch = True
+  elif ARGS.random_weights:
     hf_dir = random_weights_dir(ARGS.random_weights)
     model = zoo.load(hf_dir)
   else:
@@ -333,7 +348,8 @@ def main():
   peak = matmul_tflop_s(n=8192 if jax.default_backend() != "cpu" else 1024)
   print("device:", json.dumps(info), "matmul TFLOP/s:", json.dumps(peak), flush=True)
   dtypes = ARGS.dtypes.split(",")
-  result = {"device": info, "matmul_tflop_s": peak, "random_weights": bool(ARGS.random_weights),
+  result = {"device": info, "matmul_tflop_s": peak, "shape": ARGS.shape,
+            "random_weights": bool(ARGS.random_weights or ARGS.shape),
             "new_tokens": NEW_TOKENS}
   if not ARGS.skip_sampler:
     sizes = [int(b) for b in ARGS.sampler_batch_sizes.split(",")]
@@ -344,7 +360,7 @@ def main():
                                        ARGS.repeats, peak, ARGS.layouts.split(","),
                                        with_torch=not ARGS.skip_torch,
                                        attentions=ARGS.attentions.split(","))
-  if ARGS.random_weights:
+  if ARGS.random_weights and hf_dir:
     shutil.rmtree(hf_dir, ignore_errors=True)
   print(json.dumps(result))
 

@@ -125,3 +125,20 @@ def test_a_tiny_grpo_run_samples_through_continuous_batching(tmp_path):
   config.compact_min_rows, config.continuous_slots = 0, -1
   with pytest.raises(ValueError, match="continuous_slots must be 0"):
     grpo.train(config, str(tmp_path / "negative"), progress=False)
+
+
+def test_slots_that_finish_together_with_fewer_sequences_queued(tiny_model):
+  # Sequences 0 and 1 finish at the same step with only sequence 2 queued: one slot takes
+  # it, the other must stop (not go on decoding the sequence it had).
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=WIDTH, stop_tokens=(), pad_id=0)
+  tokens, mask = _encoded()
+  tokens, mask = tokens[:3], mask[:3]
+  out = continuous.generate(tiny_model.params, tiny_model.cfg, tokens, mask,
+                            jax.random.split(jax.random.key(0), 3), sampling, slots=2,
+                            max_new_tokens=jnp.asarray([2, 2, 5], jnp.int32))
+  assert np.asarray(out.lengths).tolist() == [2, 2, 5]
+  static = sampler_lib.generate(tiny_model.params, tiny_model.cfg, tokens, mask,
+                                jax.random.key(0), sampling)
+  for i, n in enumerate([2, 2, 5]):
+    assert np.asarray(out.tokens[i, :n]).tolist() == np.asarray(static.tokens[i, :n]).tolist()
+    assert (np.asarray(out.tokens[i, n:]) == 0).all()

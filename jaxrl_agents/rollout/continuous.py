@@ -104,10 +104,10 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
                  slogp=record(state["slogp"], slogp),
                  lengths=state["lengths"].at[jnp.where(live, state["seq"], n)].set(
                      count, mode="drop"))
-    # A finished slot with nothing queued holds no sequence from now on.
-    state["seq"] = jnp.where(finished & (state["queued"] >= n), n, state["seq"])
-    return _refill(params, cfg, state, finished & (state["queued"] < n), prompt_tokens,
-                   prompt_mask, ring)
+    state, unfilled = _refill(params, cfg, state, finished, prompt_tokens, prompt_mask, ring)
+    # A finished slot the queue had nothing left for holds no sequence from now on.
+    state["seq"] = jnp.where(unfilled, n, state["seq"])
+    return state
 
   state = jax.lax.while_loop(lambda s: jnp.any(s["seq"] < n), step, state)
   mask = jnp.arange(width)[None, :] < state["lengths"][:, None]
@@ -116,7 +116,8 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
 
 
 def _refill(params, cfg, state, empty, prompt_tokens, prompt_mask, ring):
-  """Starts the next queued sequences in the `empty` slots (bool[B]), one at a time."""
+  """Starts the next queued sequences in the `empty` slots (bool[B]), one at a time, until
+  the slots or the queue run out; returns (state, the slots still empty)."""
   n, lp = prompt_tokens.shape
 
   def cond(carry):
@@ -146,5 +147,4 @@ def _refill(params, cfg, state, empty, prompt_tokens, prompt_mask, ring):
                  queued=q + 1)
     return state, empty.at[slot].set(False)
 
-  state, _ = jax.lax.while_loop(cond, body, (state, empty))
-  return state
+  return jax.lax.while_loop(cond, body, (state, empty))
