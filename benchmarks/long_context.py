@@ -76,10 +76,14 @@ def batch(rows: int, prompt: int, length: int) -> grpo.GRPOBatch:
                         correct=jnp.zeros(rows))
 
 
-def compiled_temp(fn, *args) -> tuple[int, float]:
+def compiled_memory(fn, *args) -> tuple[dict, float]:
+  """XLA's compiled memory analysis of jit(fn) on args: temporaries, arguments (the
+  parameters, for the update the optimizer state too) and outputs; compile seconds."""
   t0 = time.perf_counter()
-  compiled = jax.jit(fn).lower(*args).compile()
-  return int(compiled.memory_analysis().temp_size_in_bytes), time.perf_counter() - t0
+  analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+  return {"temp_bytes": int(analysis.temp_size_in_bytes),
+          "argument_bytes": int(analysis.argument_size_in_bytes),
+          "output_bytes": int(analysis.output_size_in_bytes)}, time.perf_counter() - t0
 
 
 def measure(kind: str, cfg, rows: int, prompt: int, length: int, logprob_chunk: int) -> dict:
@@ -91,7 +95,7 @@ def measure(kind: str, cfg, rows: int, prompt: int, length: int, logprob_chunk: 
       logp, entropy = scoring.policy_logprobs(p, cfg, b.traj, with_entropy=True,
                                               group_size=rows, chunk=logprob_chunk)
       return jnp.sum(logp) + jnp.sum(entropy)
-    temp, seconds = compiled_temp(jax.grad(loss), params)
+    memory, seconds = compiled_memory(jax.grad(loss), params)
   else:
     config = grpo_arithmetic.get_config()
     config.prompts_per_step, config.group_size, config.oversample = 1, rows, 1
@@ -102,8 +106,8 @@ def measure(kind: str, cfg, rows: int, prompt: int, length: int, logprob_chunk: 
     update = lambda st, bt: grpo.grpo_update(st, bt, jax.random.key(0), 0.0,
                                              optimizer=algorithm.optimizer, cfg=cfg,
                                              s=algorithm.settings)
-    temp, seconds = compiled_temp(update, state, b)
-  return {"temp_bytes": temp, "compile_s": round(seconds, 1)}
+    memory, seconds = compiled_memory(update, state, b)
+  return {**memory, "compile_s": round(seconds, 1)}
 
 
 def main() -> None:
