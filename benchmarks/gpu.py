@@ -5,6 +5,14 @@
                                                     # random weights (same shapes)
   python benchmarks/gpu.py --skip-sampler --layouts list,stacked-full,stacked-dots
                                                     # the train step in several layer layouts
+  python benchmarks/gpu.py --random-weights DIR --skip-sampler --layouts stacked-full \
+      --attentions xla,chunked,cudnn               # ... under each attention implementation
+  python benchmarks/gpu.py --shape qwen2.5-1.5b --train-shapes 16x2048 --dtypes bfloat16 \
+      --layouts stacked-full --attentions cudnn     # a larger architecture, random weights
+                                                    # drawn in JAX (no sampler, no torch)
+
+The attention kernels themselves (agreement with the reference, speed at 1k-8k tokens,
+scoring's gradient) are benchmarks/attention_kernels.py's.
 
 On a card both sides run in one process, one after the other: JAX is told to
 take at most `--jax-memory-fraction` of the card's memory so torch has the rest.
