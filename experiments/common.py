@@ -131,13 +131,18 @@ def load_model(config) -> zoo.Model:
   layout, remat = config.get("layout", "list"), config.get("remat", "none")
   attention_name = config.get("attention", "auto")
   attention.check_name(attention_name)  # a bad name fails before the weights load
-  registry.check_name("layout", layout, "layout")
-  if remat not in transformer.REMAT_POLICIES:
-    raise ValueError(f"remat must be one of {sorted(transformer.REMAT_POLICIES)}, got "
-                     f"{remat!r}")
-  if remat != "none" and layout != "stacked":
+  if layout != "auto":
+    registry.check_name("layout", layout, "layout")
+  if remat != "auto" and remat not in transformer.REMAT_POLICIES:
+    raise ValueError(f"remat must be one of {sorted(transformer.REMAT_POLICIES)} or 'auto', "
+                     f"got {remat!r}")
+  if remat not in ("none", "auto") and layout == "list":
     raise ValueError(f"remat={remat!r} applies to the stacked layout; set layout='stacked'")
   model = zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
+  layout, remat = resolve_layout(layout, remat, model.cfg)
+  for key, value in (("layout", layout), ("remat", remat)):
+    if key in config:  # the run records, and a resume compares, what "auto" chose
+      config[key] = value
   if isinstance(model.cfg, transformer.TransformerConfig):
     model.cfg = model.cfg.replace(attention=attention_name)
   elif attention_name not in ("auto", "xla"):
@@ -147,6 +152,21 @@ def load_model(config) -> zoo.Model:
     return registry.get("layout", layout)(model, remat=remat)
   except ValueError as e:
     raise ValueError(f"{e} (config.model {config.model!r})") from None
+
+
+def resolve_layout(layout: str, remat: str, cfg, backend: str | None = None
+                   ) -> tuple[str, str]:
+  """(layout, remat) with "auto" chosen: the per-layer list on CPU (faster there) and for
+  models that cannot stack, layers stacked and rematerialized ("full") on accelerators,
+  where long rows need the memory (docs/long_sequences.md). Asks for the backend only
+  for "auto" (after `jax.distributed.initialize`, as the trainers load models)."""
+  if layout == "auto":
+    backend = jax.default_backend() if backend is None else backend
+    stackable = isinstance(cfg, transformer.TransformerConfig)
+    layout = "stacked" if backend != "cpu" and stackable else "list"
+  if remat == "auto":
+    remat = "full" if layout == "stacked" else "none"
+  return layout, remat
 
 
 def task_examples(config):

@@ -249,9 +249,11 @@ def _devices_and_run(c: ml_collections.ConfigDict) -> None:
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
   # Layers as a per-layer list (fastest on CPU) or "stacked" under one lax.scan (for
   # accelerators: compile time independent of depth), the scanned layer rematerialized
-  # in the backward pass by `remat` ("none", "full", "dots").
-  c.layout = "list"
-  c.remat = "none"
+  # in the backward pass by `remat` ("none", "full", "dots"). "auto": the list on CPU
+  # (and for models that cannot stack), stacked with remat "full" on accelerators
+  # (docs/long_sequences.md); the run records what "auto" chose.
+  c.layout = "auto"
+  c.remat = "auto"
   # How attention is computed (jaxrl_agents/models/attention.py): "auto" is the einsums
   # on CPU, cuDNN's fused kernel for bfloat16 on a GPU, and the chunked online softmax
   # (memory linear in the row) otherwise; or "xla", "chunked", "cudnn", "triton", "mosaic".

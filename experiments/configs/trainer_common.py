@@ -83,8 +83,8 @@ def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: flo
   c.eval_every_s = 0.0
   # Devices (jaxrl_agents/parallel/sharding.py); all 1: one device.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
-  c.layout = "list"  # or "stacked" (grpo_arithmetic.py)
-  c.remat = "none"
+  c.layout = "auto"  # "list", "stacked" or "auto" by backend (grpo_arithmetic.py)
+  c.remat = "auto"
   c.attention = "auto"  # models/attention.py (grpo_arithmetic.py)
   c.eval_every = eval_every
   c.checkpoint_every = eval_every
