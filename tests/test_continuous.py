@@ -142,3 +142,21 @@ def test_slots_that_finish_together_with_fewer_sequences_queued(tiny_model):
   for i, n in enumerate([2, 2, 5]):
     assert np.asarray(out.tokens[i, :n]).tolist() == np.asarray(static.tokens[i, :n]).tolist()
     assert (np.asarray(out.tokens[i, n:]) == 0).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_samples_per_prompt_equals_repeating_each_prompt(tiny_model, temperature):
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=WIDTH, temperature=temperature,
+                                        stop_tokens=(), pad_id=0)
+  tokens, mask = _encoded()
+  tokens, mask, g = tokens[:3], mask[:3], 3
+  keys = jax.random.split(jax.random.key(5), 3 * g)
+  budgets = jnp.asarray([4, 12, 2, 7, 1, 12, 3, 5, 9], jnp.int32)
+  run = lambda t, m, **kw: continuous.generate(tiny_model.params, tiny_model.cfg, t, m, keys,
+                                               sampling, slots=4, max_new_tokens=budgets, **kw)
+  shared = run(tokens, mask, samples_per_prompt=g)
+  repeated = run(jnp.repeat(tokens, g, 0), jnp.repeat(mask, g, 0))
+  np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(repeated.tokens))
+  np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(repeated.logprobs),
+                             atol=2e-5)
+  assert np.asarray(shared.lengths).tolist() == np.asarray(budgets).tolist()

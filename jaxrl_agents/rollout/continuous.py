@@ -3,8 +3,10 @@
 A static batch (`sampler.generate`) decodes until its longest reply is done, every
 finished row decoding padding meanwhile; with long-tailed reply lengths most of a long
 rollout is that padding. Here, when a slot's sequence ends (a stop token or its own
-budget), the slot prefills the next queued prompt and goes on, without leaving the
+budget), the slot starts the next queued sequence and goes on, without leaving the
 `lax.while_loop`, so every decode step serves live sequences while any are queued.
+Every prompt is prefilled once, before the loop (G samples of a prompt share it); a
+slot starting a sequence copies its prompt's keys and values into its row.
 
 How the cache allows it with one scalar write index (the decode step's fast path):
 each row is a ring of S = Lp + N_max slots. Every decode step writes slot
@@ -36,22 +38,24 @@ from jaxrl_agents.rollout.sampler import SampleOutput, prefill
 from jaxrl_agents.rollout.sampling import SamplingConfig, pick
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "slots"))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "slots", "samples_per_prompt"))
 def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: jax.Array,
              keys: jax.Array, sampling: SamplingConfig, *, slots: int,
-             max_new_tokens: jax.Array | None = None) -> SampleOutput:
-  """Completions of N left-padded prompts, decoded `slots` at a time.
+             max_new_tokens: jax.Array | None = None,
+             samples_per_prompt: int = 1) -> SampleOutput:
+  """Completions of N = P * G sequences, decoded `slots` at a time.
 
   Args:
     params: model parameters.
     cfg: the architecture (static; the project's transformer).
-    prompt_tokens: int32[N, Lp], left-padded, in queue order.
-    prompt_mask: bool[N, Lp], True on real prompt tokens (every row needs one).
+    prompt_tokens: int32[P, Lp], left-padded; sequence i continues prompt i // G.
+    prompt_mask: bool[P, Lp], True on real prompt tokens (every row needs one).
     keys: N PRNG keys, one per sequence (unused when greedy).
     sampling: the SamplingConfig (static); `max_new_tokens` is the longest reply.
     slots: B (static), the cache rows decoding at once; at most N.
     max_new_tokens: optional int32[N], each sequence's own budget (1 to
       `sampling.max_new_tokens`); default the config's for all.
+    samples_per_prompt: G (static), sequences per prompt, in queue order.
 
   Returns:
     SampleOutput of N rows in queue order, `sampling.max_new_tokens` columns.
@@ -59,9 +63,12 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
   if not isinstance(cfg, transformer.TransformerConfig):
     raise ValueError("continuous batching needs the project's transformer (its decode step "
                      f"reads the cache as a ring); got {type(cfg).__name__}")
-  n, lp = prompt_tokens.shape
+  if samples_per_prompt < 1:
+    raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+  p, lp = prompt_tokens.shape
+  n = p * samples_per_prompt
   if not 1 <= slots <= n:
-    raise ValueError(f"slots must be in [1, {n}] (the number of prompts), got {slots}")
+    raise ValueError(f"slots must be in [1, {n}] (the number of sequences), got {slots}")
   if sampling.compact_min_rows:
     raise ValueError("compact_min_rows is the static batch's; continuous batching refills "
                      "its rows instead")
@@ -72,16 +79,22 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
   params = lm.loop_params(cfg, params)
   stops = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
 
-  first = prefill(params, cfg, prompt_tokens[:slots], prompt_mask[:slots], cache_len=ring)
+  # Every prompt prefilled once, in one batch; a slot starting a sequence copies its
+  # prompt's keys, values and next-token logits from here (no model call in the loop).
+  prompts = prefill(params, cfg, prompt_tokens, prompt_mask, cache_len=lp)
   state = dict(
-      cache=first.cache, logits=first.logits, position=first.next_position,
-      seq=jnp.arange(slots, dtype=jnp.int32),  # each slot's sequence (n: none)
+      cache=cfg.init_cache(slots, ring, dtype="float32"),
+      logits=jnp.zeros((prompts.logits.shape[0], slots), jnp.float32),
+      position=jnp.zeros((slots,), jnp.int32),
+      seq=jnp.full((slots,), n, jnp.int32),  # each slot's sequence (n: none)
       count=jnp.zeros((slots,), jnp.int32),  # tokens each slot's sequence has so far
-      queued=jnp.int32(slots),  # the next sequence to start
+      queued=jnp.int32(0),  # the next sequence to start
       writes=jnp.int32(lp),  # decode writes so far + Lp: the ring's write index, unreduced
       tokens=jnp.full((n, width), sampling.pad_id, jnp.int32),
       logp=jnp.zeros((n, width), jnp.float32), slogp=jnp.zeros((n, width), jnp.float32),
       lengths=jnp.zeros((n,), jnp.int32))
+  start = functools.partial(_refill, prompts=prompts, group=samples_per_prompt, n=n, ring=ring)
+  state, _ = start(state, jnp.ones((slots,), bool))
 
   def step(state):
     live = state["seq"] < n
@@ -104,7 +117,7 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
                  slogp=record(state["slogp"], slogp),
                  lengths=state["lengths"].at[jnp.where(live, state["seq"], n)].set(
                      count, mode="drop"))
-    state, unfilled = _refill(params, cfg, state, finished, prompt_tokens, prompt_mask, ring)
+    state, unfilled = start(state, finished)
     # A finished slot the queue had nothing left for holds no sequence from now on.
     state["seq"] = jnp.where(unfilled, n, state["seq"])
     return state
@@ -115,10 +128,11 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
                       sampling_logprobs=state["slogp"], mask=mask, lengths=state["lengths"])
 
 
-def _refill(params, cfg, state, empty, prompt_tokens, prompt_mask, ring):
+def _refill(state, empty, *, prompts, group: int, n: int, ring: int):
   """Starts the next queued sequences in the `empty` slots (bool[B]), one at a time, until
-  the slots or the queue run out; returns (state, the slots still empty)."""
-  n, lp = prompt_tokens.shape
+  the slots or the queue run out; returns (state, the slots still empty). `prompts` is
+  the prompts' prefill (a Continuation of P rows with Lp cache slots each)."""
+  lp = prompts.cache.valid.shape[1]
 
   def cond(carry):
     state, empty = carry
@@ -127,22 +141,25 @@ def _refill(params, cfg, state, empty, prompt_tokens, prompt_mask, ring):
   def body(carry):
     state, empty = carry
     slot, q = jnp.argmax(empty), state["queued"]
-    one = prefill(params, cfg, jax.lax.dynamic_slice_in_dim(prompt_tokens, q, 1),
-                  jax.lax.dynamic_slice_in_dim(prompt_mask, q, 1), cache_len=lp)
+    prompt = q // group
     # The prompt takes the Lp ring slots before the next write; the rest of the row is
     # the sequence's replies to come, invalid until written.
     where = (state["writes"] - lp + jnp.arange(lp)) % ring
-    cache = state["cache"]
-    row = lambda buffer, new, axis: jax.lax.dynamic_update_index_in_dim(
-        buffer, jnp.zeros(buffer.shape[1:], buffer.dtype).at[
-            (slice(None),) * (axis - 1) + (where,)].set(new[0].astype(buffer.dtype)),
-        slot, 0)
+
+    def row(buffer, table, axis):
+      """`buffer`'s row `slot` (slots on `axis`): the prompt's table row at `where`."""
+      new = jnp.zeros(buffer.shape[1:], buffer.dtype).at[
+          (slice(None),) * (axis - 1) + (where,)].set(table[prompt].astype(buffer.dtype))
+      return jax.lax.dynamic_update_index_in_dim(buffer, new, slot, 0)
+
+    cache, table = state["cache"], prompts.cache
     cache = cache._replace(
-        k=tuple(row(b, new, 3) for b, new in zip(cache.k, one.cache.k, strict=True)),
-        v=tuple(row(b, new, 2) for b, new in zip(cache.v, one.cache.v, strict=True)),
-        valid=row(cache.valid, one.cache.valid, 1))
-    state = dict(state, cache=cache, logits=state["logits"].at[:, slot].set(one.logits[:, 0]),
-                 position=state["position"].at[slot].set(one.next_position[0]),
+        k=tuple(row(b, t, 3) for b, t in zip(cache.k, table.k, strict=True)),
+        v=tuple(row(b, t, 2) for b, t in zip(cache.v, table.v, strict=True)),
+        valid=row(cache.valid, table.valid, 1))
+    state = dict(state, cache=cache,
+                 logits=state["logits"].at[:, slot].set(prompts.logits[:, prompt]),
+                 position=state["position"].at[slot].set(prompts.next_position[prompt]),
                  seq=state["seq"].at[slot].set(q), count=state["count"].at[slot].set(0),
                  queued=q + 1)
     return state, empty.at[slot].set(False)

@@ -208,8 +208,8 @@ def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng:
   Rows are example-major: rows [i * G, (i + 1) * G) are example i's group.
   Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW).
   `continuous_slots` > 0: the rows decode that many at a time through continuous
-  batching (`rollout/continuous.py`), each row prefilled on its own and drawing from its
-  own key, a row that is done making room for the next.
+  batching (`rollout/continuous.py`), each row drawing from its own key, a row that is
+  done making room for the next.
   """
   unique_prompts = format_prompts(examples, template)
   unique_tokens, unique_mask, truncated = _encode_for_sampling(
@@ -253,11 +253,10 @@ def _sample_continuous(params, model: zoo.Model, tokens: np.ndarray, mask: np.nd
     raise ValueError(f"continuous_slots={slots} decodes on one device; the policy is on a "
                      f"mesh of {mesh.size} devices (set continuous_slots=0)")
   rows = len(tokens) * group_size
-  keys = jax.random.split(rng, rows)
   return continuous.generate(
-      params, model.cfg, jnp.asarray(np.repeat(tokens, group_size, axis=0)),
-      jnp.asarray(np.repeat(mask, group_size, axis=0)), keys,
-      dataclasses.replace(sampling, compact_min_rows=0), slots=min(slots, rows))
+      params, model.cfg, jnp.asarray(tokens), jnp.asarray(mask), jax.random.split(rng, rows),
+      dataclasses.replace(sampling, compact_min_rows=0), slots=min(slots, rows),
+      samples_per_prompt=group_size)
 
 
 # ----------------------------------------------------------------------------
