@@ -81,6 +81,8 @@ class PPOSettings:
     gae_level: a registered "gae_level" (objectives/credit/gae.py: multi-turn credit;
       single-turn streams: "token").
     turn_gamma, turn_lam: the turn-level discount and lambda ("turn", "bilevel").
+    logprob_chunk: > 0: the policy's log-probabilities from the hidden states this many
+      columns at a time (`scoring.hidden_logprobs`), never the whole [B, N, V] logits.
   """
 
   objective: objective_lib.PolicyObjective
@@ -98,6 +100,7 @@ class PPOSettings:
   gae_level: str = "token"
   turn_gamma: float = 1.0
   turn_lam: float = 0.95
+  logprob_chunk: int = 0
 
 
 def settings_from_config(config) -> PPOSettings:
@@ -110,7 +113,8 @@ def settings_from_config(config) -> PPOSettings:
       kl_estimator=config.kl_estimator, epochs=config.epochs, minibatches=config.minibatches,
       prompt_group=config.group_size if config.get("share_prompt", False) else 1,
       gae_level=config.get("gae_level", "token"), turn_gamma=float(config.get("turn_gamma", 1.0)),
-      turn_lam=float(config.get("turn_lam", 0.95)))
+      turn_lam=float(config.get("turn_lam", 0.95)),
+      logprob_chunk=int(config.get("logprob_chunk", 0)))
 
 
 def forward(params, traj: types.Trajectory, *, cfg: lm.CausalLM,
@@ -118,11 +122,15 @@ def forward(params, traj: types.Trajectory, *, cfg: lm.CausalLM,
   """(logp f32[B, T], values f32[B, T], entropy f32[B, T] or None) at the policy tokens."""
   mask = traj.policy_mask
   hidden = scoring.policy_hidden(params["policy"], cfg, traj, group_size=s.prompt_group)
-  logits = cfg.lm_head(params["policy"], hidden)
-  logp, entropy = scoring.token_logprobs(logits, scoring.scored(traj, traj.tokens),
-                                         scoring.scored(traj, mask),
-                                         temperature=s.objective.temperature,
-                                         with_entropy=with_entropy)
+  tokens, scored_mask = scoring.scored(traj, traj.tokens), scoring.scored(traj, mask)
+  if s.logprob_chunk:
+    logp, entropy = scoring.hidden_logprobs(
+        lambda h: cfg.lm_head(params["policy"], h), hidden, tokens, scored_mask,
+        chunk=s.logprob_chunk, temperature=s.objective.temperature, with_entropy=with_entropy)
+  else:
+    logp, entropy = scoring.token_logprobs(cfg.lm_head(params["policy"], hidden), tokens,
+                                           scored_mask, temperature=s.objective.temperature,
+                                           with_entropy=with_entropy)
   if params["critic"] is not None:
     hidden = scoring.policy_hidden(params["critic"], cfg, traj, group_size=s.prompt_group)
   values = scoring.to_stream(heads.apply_scalar_head(params["value_head"], hidden), traj)
@@ -183,7 +191,8 @@ class PPO:
     self._forward = jax.jit(functools.partial(forward, cfg=model_cfg, s=s))
     self._score = jax.jit(functools.partial(scoring.policy_logprobs, cfg=model_cfg,
                                             temperature=s.objective.temperature,
-                                            group_size=s.prompt_group))
+                                            group_size=s.prompt_group,
+                                            chunk=s.logprob_chunk))
     self._targets = jax.jit(functools.partial(gae_targets, s))
     loss = functools.partial(ppo_loss, cfg=model_cfg, s=s)
     self._update = jax.jit(functools.partial(

@@ -134,6 +134,38 @@ def test_chunked_log_probs_give_the_update_of_the_whole_logits(tiny_model, rollo
     grpo.validate(_tiny(logprob_chunk=-1))
 
 
+def test_ppo_reads_logprob_chunk_and_gives_the_whole_logits_values(tiny_model, rollout,
+                                                                   monkeypatch):
+  """PPO's forward (policy log-probs, entropy, values) and its loss's gradient with the
+  vocabulary logits in chunks of 5 columns equal the whole logits' up to float rounding."""
+  from jaxrl_agents.models import heads
+  from jaxrl_agents.rollout import scoring
+  chunks = []  # the chunk sizes `hidden_logprobs` was traced with
+  hidden_logprobs = scoring.hidden_logprobs
+  monkeypatch.setattr(scoring, "hidden_logprobs", lambda *a, **k: (
+      chunks.append(k["chunk"]), hidden_logprobs(*a, **k))[1])
+  settings = ppo.settings_from_config(ppo_arithmetic.get_config("tiny"))
+  assert settings.logprob_chunk == 0
+  params = {"policy": tiny_model.params, "critic": None,
+            "value_head": heads.init_scalar_head(jax.random.key(1), tiny_model.cfg.d_model)}
+  traj = rollout.traj
+
+  def run(chunk):
+    s = dataclasses.replace(settings, logprob_chunk=chunk)
+    fwd = jax.jit(lambda p: ppo.forward(p, traj, cfg=tiny_model.cfg, s=s, with_entropy=True))
+    logp_sum = jax.jit(jax.grad(lambda p: jnp.sum(
+        ppo.forward(p, traj, cfg=tiny_model.cfg, s=s)[0])))
+    return fwd(params), logp_sum(params)
+  (whole, g_whole) = run(0)
+  assert not chunks
+  chunked, g_chunked = run(5)
+  assert chunks and set(chunks) == {5}  # the chunked path ran
+  for a, b in zip(whole, chunked, strict=True):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_chunked), strict=True):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
+
+
 def test_forward_kl_starts_at_zero_and_stays_finite(tiny_model, rollout):
   kl = [r["kl"] for r in _updates(_tiny(kl_coef=0.1, kl_estimator="forward"), tiny_model,
                                   rollout, steps=3)]
