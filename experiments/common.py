@@ -106,13 +106,7 @@ def validate_common(config) -> None:
   if clock == "train_time" and not config.get("time_budget_s", 0):
     raise ValueError("config.optimizer.clock='train_time' decays the learning rate over the "
                      "time budget: set config.time_budget_s > 0 (or use clock='updates')")
-  slots = config.get("continuous_slots", 0)
-  if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
-    raise ValueError(f"config.continuous_slots must be 0 (static batches) or the number of "
-                     f"rows decoding at once, got {slots!r}")
-  if slots and config.get("compact_min_rows", 0):
-    raise ValueError("config.continuous_slots and config.compact_min_rows both shorten "
-                     "decoding's finished rows: set one of them to 0")
+  _validate_decoding(config)
   batch = config.prompts_per_step * config.group_size
   if batch % config.minibatches:
     raise ValueError(f"prompts_per_step * group_size = {batch} is not divisible by "
@@ -121,6 +115,17 @@ def validate_common(config) -> None:
     raise ValueError(f"share_prompt keeps each prompt's group in one minibatch: "
                      f"prompts_per_step = {config.prompts_per_step} is not divisible by "
                      f"minibatches = {config.minibatches} (or set share_prompt=False)")
+
+
+def _validate_decoding(config) -> None:
+  """config.continuous_slots: a row count, and not with the static batch's compaction."""
+  slots = config.get("continuous_slots", 0)
+  if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+    raise ValueError(f"config.continuous_slots must be 0 (static batches) or the number of "
+                     f"rows decoding at once, got {slots!r}")
+  if slots and config.get("compact_min_rows", 0):
+    raise ValueError("config.continuous_slots and config.compact_min_rows both shorten "
+                     "decoding's finished rows: set one of them to 0")
 
 
 def load_model(config) -> zoo.Model:

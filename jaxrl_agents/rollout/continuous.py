@@ -77,12 +77,25 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
   budget = (jnp.full((n,), width, jnp.int32) if max_new_tokens is None
             else jnp.clip(max_new_tokens.astype(jnp.int32), 1, width))
   params = lm.loop_params(cfg, params)
-  stops = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
 
   # Every prompt prefilled once, in one batch; a slot starting a sequence copies its
   # prompt's keys, values and next-token logits from here (no model call in the loop).
   prompts = prefill(params, cfg, prompt_tokens, prompt_mask, cache_len=lp)
-  state = dict(
+  start = functools.partial(_refill, prompts=prompts, group=samples_per_prompt, n=n, ring=ring)
+  state, _ = start(_empty_state(cfg, prompts, slots, n, width, ring, sampling.pad_id),
+                   jnp.ones((slots,), bool))
+  step = functools.partial(_step, params=params, cfg=cfg, keys=keys, budget=budget,
+                           sampling=sampling, ring=ring, start=start)
+  state = jax.lax.while_loop(lambda s: jnp.any(s["seq"] < n), step, state)
+  mask = jnp.arange(width)[None, :] < state["lengths"][:, None]
+  return SampleOutput(tokens=state["tokens"], logprobs=state["logp"],
+                      sampling_logprobs=state["slogp"], mask=mask, lengths=state["lengths"])
+
+
+def _empty_state(cfg, prompts, slots: int, n: int, width: int, ring: int, pad_id: int):
+  """The loop's state before any slot holds a sequence (`_refill` starts them)."""
+  lp = prompts.cache.valid.shape[1]
+  return dict(
       cache=cfg.init_cache(slots, ring, dtype="float32"),
       logits=jnp.zeros((prompts.logits.shape[0], slots), jnp.float32),
       position=jnp.zeros((slots,), jnp.int32),
@@ -90,42 +103,39 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
       count=jnp.zeros((slots,), jnp.int32),  # tokens each slot's sequence has so far
       queued=jnp.int32(0),  # the next sequence to start
       writes=jnp.int32(lp),  # decode writes so far + Lp: the ring's write index, unreduced
-      tokens=jnp.full((n, width), sampling.pad_id, jnp.int32),
+      tokens=jnp.full((n, width), pad_id, jnp.int32),
       logp=jnp.zeros((n, width), jnp.float32), slogp=jnp.zeros((n, width), jnp.float32),
       lengths=jnp.zeros((n,), jnp.int32))
-  start = functools.partial(_refill, prompts=prompts, group=samples_per_prompt, n=n, ring=ring)
-  state, _ = start(state, jnp.ones((slots,), bool))
 
-  def step(state):
-    live = state["seq"] < n
-    seq = jnp.minimum(state["seq"], n - 1)
-    uniform = None
-    if not sampling.greedy:
-      draw = lambda key, t: jax.random.uniform(jax.random.fold_in(key, t))
-      uniform = jax.vmap(draw)(keys[seq], state["count"])
-    token, logp, slogp = pick(state["logits"], None, sampling, uniform=uniform)
-    token = jnp.where(live, token, sampling.pad_id)
-    at = (jnp.where(live, state["seq"], n), state["count"])  # row n: dropped
-    record = lambda a, v: a.at[at].set(v, mode="drop")
-    count = state["count"] + live
-    finished = live & (jnp.isin(token, stops) | (count >= budget[seq]))
-    cache = state["cache"]._replace(index=state["writes"] % ring)
-    logits, cache = cfg.decode_step(params, token, state["position"], cache, vocab_major=True)
-    state = dict(state, cache=cache, logits=logits.astype(jnp.float32),
-                 position=state["position"] + 1, count=count, writes=state["writes"] + 1,
-                 tokens=record(state["tokens"], token), logp=record(state["logp"], logp),
-                 slogp=record(state["slogp"], slogp),
-                 lengths=state["lengths"].at[jnp.where(live, state["seq"], n)].set(
-                     count, mode="drop"))
-    state, unfilled = start(state, finished)
-    # A finished slot the queue had nothing left for holds no sequence from now on.
-    state["seq"] = jnp.where(unfilled, n, state["seq"])
-    return state
 
-  state = jax.lax.while_loop(lambda s: jnp.any(s["seq"] < n), step, state)
-  mask = jnp.arange(width)[None, :] < state["lengths"][:, None]
-  return SampleOutput(tokens=state["tokens"], logprobs=state["logp"],
-                      sampling_logprobs=state["slogp"], mask=mask, lengths=state["lengths"])
+def _step(state, *, params, cfg, keys, budget, sampling: SamplingConfig, ring: int, start):
+  """One token for every live slot: pick it, record it, decode it into the ring; then the
+  slots whose sequences finished start the next queued ones (`start`: `_refill`)."""
+  n = state["tokens"].shape[0]
+  stops = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
+  live = state["seq"] < n
+  seq = jnp.minimum(state["seq"], n - 1)
+  uniform = None
+  if not sampling.greedy:
+    draw = lambda key, t: jax.random.uniform(jax.random.fold_in(key, t))
+    uniform = jax.vmap(draw)(keys[seq], state["count"])
+  token, logp, slogp = pick(state["logits"], None, sampling, uniform=uniform)
+  token = jnp.where(live, token, sampling.pad_id)
+  row, column = jnp.where(live, state["seq"], n), state["count"]  # row n: dropped
+  record = lambda a, v: a.at[row, column].set(v, mode="drop")
+  count = state["count"] + live
+  finished = live & (jnp.isin(token, stops) | (count >= budget[seq]))
+  cache = state["cache"]._replace(index=state["writes"] % ring)
+  logits, cache = cfg.decode_step(params, token, state["position"], cache, vocab_major=True)
+  state = dict(state, cache=cache, logits=logits.astype(jnp.float32),
+               position=state["position"] + 1, count=count, writes=state["writes"] + 1,
+               tokens=record(state["tokens"], token), logp=record(state["logp"], logp),
+               slogp=record(state["slogp"], slogp),
+               lengths=state["lengths"].at[row].set(count, mode="drop"))
+  state, unfilled = start(state, finished)
+  # A finished slot the queue had nothing left for holds no sequence from now on.
+  state["seq"] = jnp.where(unfilled, n, state["seq"])
+  return state
 
 
 def _refill(state, empty, *, prompts, group: int, n: int, ring: int):
