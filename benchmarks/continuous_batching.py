@@ -44,8 +44,8 @@ def random_model(hf_dir: str) -> zoo.Model:
   depend on their values: stop tokens are disabled)."""
   with open(os.path.join(hf_dir, "config.json")) as f:
     cfg = weights.config_from_hf(json.load(f))
-  return zoo.Model(params=jax.jit(cfg.init)(jax.random.key(0)), cfg=cfg,
-                   tokenizer=tokenizer_lib.load_tokenizer(hf_dir), name=f"random:{hf_dir}")
+  return zoo.random_model(cfg, f"random:{hf_dir}",
+                          tokenizer=tokenizer_lib.load_tokenizer(hf_dir))
 
 
 def lengths(n: int, mean: float, cap: int, seed: int) -> np.ndarray:

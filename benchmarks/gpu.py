@@ -341,9 +341,7 @@ def main():
   if jax.default_backend() == "cpu":
     print("note: JAX runs on the CPU here; the figures are not a GPU's", flush=True)
   if ARGS.shape:
-    cfg = transformer.TransformerConfig(**SHAPES[ARGS.shape])
-    model = zoo.Model(params=jax.jit(cfg.init)(jax.random.key(0)), cfg=cfg, tokenizer=None,
-                      name=ARGS.shape)
+    model = zoo.random_model(transformer.TransformerConfig(**SHAPES[ARGS.shape]), ARGS.shape)
     hf_dir = None
     ARGS.skip_sampler = ARGS.skip_torch = True
   elif ARGS.random_weights:

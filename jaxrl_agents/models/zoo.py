@@ -77,14 +77,16 @@ TINY_QWEN2 = TINY.replace(qkv_bias=True, tie_embeddings=False, rope_theta=1e6, n
 TINY_LLAMA3 = TINY.replace(rope_theta=5e5, rope_scaling=(8.0, 1.0, 4.0, 64))
 
 
-def _random_model(cfg: lm.CausalLM, name: str, seed: int = 0, tokenizer=None) -> Model:
+def random_model(cfg: lm.CausalLM, name: str, seed: int = 0, tokenizer=None) -> Model:
+  """A model of `cfg`'s shapes with random weights (the presets' tiny models; benchmarks of
+  larger shapes, whose speed does not depend on the weights' values)."""
   params = jax.jit(cfg.init)(jax.random.key(seed))
   return Model(params=params, cfg=cfg, tokenizer=tokenizer or tokenizer_lib.byte_level_tokenizer(),
                name=name)
 
 
 def _tiny_gemma() -> Model:
-  return _random_model(gemma.definition(gemma.TINY_GEMMA3), "tiny-gemma",
+  return random_model(gemma.definition(gemma.TINY_GEMMA3), "tiny-gemma",
                        tokenizer=tokenizer_lib.gemma_byte_tokenizer())
 
 
@@ -150,9 +152,9 @@ def smollm2_dir() -> str:
 # Loading.
 
 _PRESETS: dict[str, Callable[[], Model]] = {
-    "tiny": lambda: _random_model(TINY, "tiny"),
-    "tiny-qwen2": lambda: _random_model(TINY_QWEN2, "tiny-qwen2"),
-    "tiny-llama3": lambda: _random_model(TINY_LLAMA3, "tiny-llama3"),
+    "tiny": lambda: random_model(TINY, "tiny"),
+    "tiny-qwen2": lambda: random_model(TINY_QWEN2, "tiny-qwen2"),
+    "tiny-llama3": lambda: random_model(TINY_LLAMA3, "tiny-llama3"),
     "tiny-gemma": _tiny_gemma,
     DEFAULT_MODEL: lambda: load_dir(smollm2_dir(), name=DEFAULT_MODEL),
 }
