@@ -54,7 +54,8 @@ setup(
         "notebooks": ["nbclient>=0.10,<0.12", "nbformat>=5.10,<6", "ipykernel>=6.29,<8"],
         # torch==2.13.0 resolves to the CPU build on the project's machines;
         # a looser torch requirement pulls the multi-GB CUDA build.
-        "parity": ["torch==2.13.0", "accelerate>=1.0,<2"],
+        # peft: LoRA adapters checked against its unmerged forward (tests/test_lora.py).
+        "parity": ["torch==2.13.0", "accelerate>=1.0,<2", "peft==0.21.2"],
         # Accelerators (`scripts/setup.sh cuda` / `tpu`): JAX with its CUDA 12 or TPU
         # runtime in place of the CPU build.
         "cuda": ["jax[cuda12]>=0.7,<0.11"],

@@ -14,7 +14,7 @@ import numpy as np
 from jaxrl_agents import data as data_lib
 from jaxrl_agents import registry
 from jaxrl_agents import rewards as rewards_lib
-from jaxrl_agents.models import attention, transformer, zoo
+from jaxrl_agents.models import attention, lora, transformer, zoo
 from jaxrl_agents.objectives import policy_objective as policy_objective_lib
 from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rewards import learned as learned_rewards
@@ -47,7 +47,8 @@ RESUME_RULES = harness.ResumeRules(
         "optimizer.decay_over": 1.0, "drop_tied_groups": False,
         "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
         "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0,
-        "attention": "auto", "continuous_slots": 0})
+        "attention": "auto", "continuous_slots": 0, "lora.rank": 0, "lora.alpha": 16.0,
+        "lora.targets": "all", "lora.dropout": 0.0})
 
 
 def setup_logging() -> None:
@@ -70,6 +71,7 @@ def validate_common(config) -> None:
   if shaping and shaping.name == "par" and shaping.references < 1:
     raise ValueError(f"reward_shaping.references must be >= 1, got {shaping.references}")
   registry.get("reward", config.grader)
+  lora.spec_from_config(config.get("lora"))  # bad adapter settings fail before anything loads
   _validate_off_policy(config)
   if config.model not in zoo.names() and not config.model.endswith((".gguf",)):
     import os
@@ -154,9 +156,20 @@ def load_model(config) -> zoo.Model:
     raise ValueError(f"attention={attention_name!r} is the project's transformer's; "
                      f"config.model {config.model!r} computes its own attention")
   try:
-    return registry.get("layout", layout)(model, remat=remat)
+    model = registry.get("layout", layout)(model, remat=remat)
   except ValueError as e:
     raise ValueError(f"{e} (config.model {config.model!r})") from None
+  spec = lora.spec_from_config(config.get("lora"))
+  if spec is not None:  # adapters on the laid-out weights (models/lora.py)
+    model = lora.wrap(model, spec, jax.random.fold_in(init_key(config), 0x10A))
+  return model
+
+
+def refuse_lora(config, what: str) -> None:
+  """A clear error where adapters are not built yet (config.lora.rank > 0)."""
+  if lora.spec_from_config(config.get("lora")) is not None:
+    raise ValueError(f"config.lora.rank={config.lora.rank}: LoRA adapters are not built for "
+                     f"{what} yet; set lora.rank=0")
 
 
 def resolve_layout(layout: str, remat: str, cfg, backend: str | None = None

@@ -39,8 +39,8 @@ import numpy as np
 from experiments import common, preference_data
 from jaxrl_agents import data as data_lib
 from jaxrl_agents.data import make_loader, preferences
+from jaxrl_agents.models import lora, zoo
 from jaxrl_agents.models import reward_model as rm_lib
-from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import losses
 from jaxrl_agents.objectives.losses import preference as preference_lib
 from jaxrl_agents.parallel import distributed, sharding
@@ -165,7 +165,8 @@ class PreferenceTrainer:
     self.config, self.model = config, model
     self.s = s = settings_from_config(config)
     self.held_pairs, self.candidates = held_pairs, candidates
-    self.ref_params = model.params  # the frozen initial policy (unused by CPL)
+    # The frozen initial policy (unused by CPL); with LoRA its base, adapters off.
+    self.ref_params = lora.reference_params(model.params)
     self.optimizer = optim_lib.make_optimizer(total_updates=config.steps * config.minibatches,
                                               **config.optimizer)
     loss = functools.partial(preference_loss, cfg=model.cfg, s=s)

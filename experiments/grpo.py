@@ -34,7 +34,7 @@ import optax
 
 from experiments import common, reward_beside
 from jaxrl_agents import registry, types
-from jaxrl_agents.models import lm
+from jaxrl_agents.models import lm, lora
 from jaxrl_agents.objectives import credit
 from jaxrl_agents.objectives import policy_objective as objective_lib
 from jaxrl_agents.objectives.losses import kl as kl_lib
@@ -349,7 +349,8 @@ def grpo_update(state: GRPOState, batch: GRPOBatch, rng, progress, *,
   # loss's scale.
   baseline, packed, scale = batch.role_baseline, batch.packed_slots, batch.loss_scale
   batch = batch._replace(role_baseline=None, packed_slots=None, loss_scale=None)
-  loss = functools.partial(grpo_loss, cfg=cfg, s=s, ref_params=state.ref_params, beta=beta,
+  loss = functools.partial(grpo_loss, cfg=cfg, s=s,
+                           ref_params=lora.reference(state.ref_params, state.params), beta=beta,
                            slots=None if packed is None else packed.shape[0], loss_scale=scale)
   updates_before = state.updates
   state, metrics = optim_lib.update_state(optimizer, loss, state, batch, rng, progress,
@@ -409,7 +410,7 @@ class GRPO:
     del rng
     kl_on = self.settings.objective.kl_on
     return GRPOState(params=params, opt_state=self.tx.init(params),
-                     ref_params=jax.tree.map(jnp.copy, params) if kl_on else None,
+                     ref_params=lora.reference_copy(params) if kl_on else None,
                      updates=jnp.zeros((), jnp.int32),
                      kl_ctl=make_kl_controller(self.settings).init() if kl_on else None,
                      role_baseline=(role_baseline(self.settings).init()
@@ -446,7 +447,8 @@ class GRPO:
     zeros = jnp.zeros(traj.tokens.shape, jnp.float32)
     old_logp = zeros if s.on_policy else self._score(state.params, traj=traj)[0]
     sampled_kl = s.objective.kl_on and not s.objective.needs_ref_logits
-    ref_logp = self._score(state.ref_params, traj=traj)[0] if sampled_kl else zeros
+    ref_logp = (self._score(lora.reference(state.ref_params, state.params), traj=traj)[0]
+                if sampled_kl else zeros)
     return GRPOBatch(traj=traj, advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
                      correct=jnp.asarray(correct), role_baseline=baseline,
                      reward_pairs=reward_pairs, packed_slots=packed_slots,

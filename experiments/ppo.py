@@ -38,7 +38,7 @@ import optax
 
 from experiments import common
 from jaxrl_agents import registry, types
-from jaxrl_agents.models import heads, lm
+from jaxrl_agents.models import heads, lm, lora
 from jaxrl_agents.objectives import advantages as advantages_lib
 from jaxrl_agents.objectives import credit, losses
 from jaxrl_agents.objectives import policy_objective as objective_lib
@@ -205,7 +205,7 @@ class PPO:
         "value_head": heads.init_scalar_head(rng, self.model_cfg.d_model),
         "critic": registry.get("critic", self.settings.critic)(params),
     }
-    ref = jax.tree.map(jnp.copy, params) if self.settings.kl_coef else None
+    ref = lora.reference_copy(params) if self.settings.kl_coef else None
     return PPOState(params=trainable, opt_state=self.tx.init(trainable), ref_params=ref,
                     updates=jnp.zeros((), jnp.int32))
 
@@ -213,8 +213,9 @@ class PPO:
     del rng
     traj = r.traj
     old_logp, old_values, _ = self._forward(state.params, traj)
-    ref_logp = self._score(state.ref_params, traj=traj)[0] if self.settings.kl_coef \
-        else jnp.zeros_like(old_logp)
+    ref = lora.reference(state.ref_params, state.params["policy"]) if self.settings.kl_coef \
+        else None
+    ref_logp = self._score(ref, traj=traj)[0] if ref is not None else jnp.zeros_like(old_logp)
     adv, returns = self._targets(traj, old_logp, old_values, ref_logp)
     return PPOBatch(traj=traj, old_logp=old_logp, old_values=old_values, advantages=adv,
                     returns=returns)

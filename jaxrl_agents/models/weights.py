@@ -240,6 +240,41 @@ def save_hf_dir(params: dict, cfg: TransformerConfig, out_dir: str, tokenizer=No
   write_hf_dir(out_dir, tensors, config_to_hf(cfg), tokenizer)
 
 
+def save_peft_adapters(adapters: dict, cfg: TransformerConfig, out_dir: str, *, rank: int,
+                       alpha: float, base_model: str) -> None:
+  """A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) of the
+  project's transformer's adapters (`models/lora.py`, list or stacked layout), for
+  `peft.PeftModel.from_pretrained(<the base as a Hugging Face model>, out_dir)`."""
+  import jax
+  from safetensors.numpy import save_file
+
+  layers = adapters.get("layers", [])
+  if isinstance(layers, dict):  # stacked: [L, ...] leaves
+    n = cfg.n_layers
+    layers = [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n)]
+  unknown = sorted(set(adapters) - {"layers"})
+  if unknown:
+    raise ValueError(f"PEFT adapters cover the layers' projections; these adapted weights "
+                     f"have no PEFT name: {unknown}")
+  tensors, modules = {}, set()
+  for i, layer in enumerate(layers):
+    for key, ab in layer.items():
+      module = _HF_LAYER_NAMES[key].removesuffix(".weight")
+      modules.add(module.rsplit(".", 1)[-1])
+      prefix = f"base_model.model.model.layers.{i}.{module}"
+      tensors[f"{prefix}.lora_A.weight"] = np.asarray(ab["a"], np.float32)  # [r, in]
+      tensors[f"{prefix}.lora_B.weight"] = np.asarray(ab["b"], np.float32)  # [out, r]
+  os.makedirs(out_dir, exist_ok=True)
+  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+            os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
+  config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+            "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "target_modules": sorted(modules), "base_model_name_or_path": base_model,
+            "inference_mode": True, "use_rslora": False, "init_lora_weights": True}
+  with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+
+
 def write_hf_dir(out_dir: str, tensors: dict[str, np.ndarray], config: dict[str, Any],
                  tokenizer=None) -> None:
   """A Hugging Face directory: model.safetensors (float32), config.json and, with a

@@ -33,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.models import lm, transformer
+from jaxrl_agents.models import lm, lora, transformer
 from jaxrl_agents.rollout.sampler import SampleOutput, prefill
 from jaxrl_agents.rollout.sampling import SamplingConfig, pick
 
@@ -60,6 +60,8 @@ def generate(params, cfg: lm.CausalLM, prompt_tokens: jax.Array, prompt_mask: ja
   Returns:
     SampleOutput of N rows in queue order, `sampling.max_new_tokens` columns.
   """
+  if isinstance(cfg, lora.LoraLM):  # adapters merged once, then the base's ring decoding
+    params, cfg = cfg.loop_params(params)["base"], cfg.base
   if not isinstance(cfg, transformer.TransformerConfig):
     raise ValueError("continuous batching needs the project's transformer (its decode step "
                      f"reads the cache as a ring); got {type(cfg).__name__}")

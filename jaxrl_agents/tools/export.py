@@ -2,10 +2,15 @@
 
   python -m jaxrl_agents.tools.export --model smollm2-135m-instruct --out /tmp/smollm2_hf
   python -m jaxrl_agents.tools.export --workdir runs/grpo_arithmetic --out /tmp/trained_hf
+  python -m jaxrl_agents.tools.export --workdir runs/grpo_lora --out /tmp/merged_hf \
+      --adapters /tmp/peft_adapters
 
 Writes config.json, model.safetensors (float32) and the tokenizer files. With
 --workdir, the policy comes from the training run's latest readable checkpoint
-and the architecture and tokenizer from the run's model (its config.json).
+and the architecture and tokenizer from the run's model (its config.json). A run that
+trained LoRA adapters (config.lora) exports its adapters merged into the base weights;
+--adapters also writes them as a PEFT adapter directory (adapter_config.json,
+adapter_model.safetensors) that `peft.PeftModel.from_pretrained` applies to the base.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import stat
 import sys
 import tempfile
 
-from jaxrl_agents.models import zoo
+from jaxrl_agents.models import lora, weights, zoo
 from jaxrl_agents.train import checkpointing
 
 
@@ -32,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--workdir", default=None, help="a training run directory to export from")
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+  p.add_argument("--adapters", default=None,
+                 help="with --workdir of a LoRA run: also write its adapters here, as PEFT's")
   return p.parse_args(argv)
 
 
@@ -99,6 +106,29 @@ def _out_dir(out: str) -> str:
   return real
 
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def _write_adapters(args, model, meta: dict, step: int) -> None:
+  """The run's adapters of checkpoint `step` as a PEFT adapter directory at --adapters."""
+  raw, _, _ = checkpointing.latest_policy_params(args.workdir, step, merge_adapters=False)
+  if not lora.is_lora_params(raw):
+    raise SystemExit(f"--adapters: {args.workdir!r} trained every weight, not adapters "
+                     "(config.lora.rank 0); its --out export is the whole model")
+  out = _out_dir(args.adapters)
+  if os.path.isdir(out) and os.listdir(out):
+    foreign = sorted(set(os.listdir(out)) - set(ADAPTER_FILES))
+    if not args.overwrite or foreign:
+      raise SystemExit(f"--adapters {args.adapters!r} is not empty"
+                       + (f" (it holds {', '.join(foreign[:5])})" if foreign else
+                          "; pass --overwrite"))
+  spec = lora.spec_from_config(meta["config"]["lora"])
+  weights.save_peft_adapters(raw["lora"], model.cfg, out, rank=spec.rank, alpha=spec.alpha,
+                             base_model=meta["config"]["model"])
+  logging.info("wrote the adapters of %s (step %d) as a PEFT directory to %s", args.workdir,
+               step, args.adapters)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   logging.basicConfig(stream=sys.stderr, level=logging.INFO,
@@ -119,7 +149,11 @@ def main(argv=None) -> int:
     zoo.check_params(params, model.cfg, args.workdir)
     model.params = params
     source = f"{args.workdir} (step {step})"
+    if args.adapters:
+      _write_adapters(args, model, meta, step)
   else:
+    if args.adapters:
+      raise SystemExit("--adapters needs --workdir (a run that trained LoRA adapters)")
     model = zoo.load(args.model or zoo.DEFAULT_MODEL)
     source = model.name
   _write_clean(out, lambda d: zoo.save_hf_dir(model, d))

@@ -35,6 +35,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxrl_agents.models import lora
 from jaxrl_agents.parallel import distributed
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,15 @@ log = logging.getLogger(__name__)
 
 class CorruptCheckpoint(ValueError):
   """A checkpoint's contents differ from the digests recorded when it was saved."""
+
+
+class BaseModelMismatch(ValueError):
+  """A checkpoint of LoRA adapters whose base weights differ from the model loaded now."""
+
+
+def base_digest(base: Any) -> str:
+  """One SHA-256 over the digests of a frozen base's arrays (`state_digests`)."""
+  return _json_digest(sorted(state_digests(base).items()))
 
 
 def _key_name(entry) -> str:
@@ -96,6 +106,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=False, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._base_digests = {}
 
   def steps(self) -> list[int]:
     """Finalized checkpoint steps, oldest first."""
@@ -103,9 +114,15 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: Any, data_state: Any, meta: dict) -> None:
-    """Writes step `step`; overwrites nothing (a step already saved is skipped)."""
+    """Writes step `step`; overwrites nothing (a step already saved is skipped).
+
+    LoRA params (`models/lora.py`) are saved without their frozen base: the checkpoint
+    holds the adapters and the base's digest, which a restore compares."""
     if step in self.steps():
       return
+    state, bases = lora.without_base(state)
+    if bases:
+      meta = {**meta, "base_digests": [self._base_digest(b) for b in bases]}
     meta = {**meta, "digests": {"state": state_digests(state), "data": _json_digest(data_state),
                                 "meta": _json_digest(meta)}}
     self._manager.save(step, args=ocp.args.Composite(
@@ -120,6 +137,7 @@ class Checkpointer:
     Raises CorruptCheckpoint when the contents differ from the save-time digests
     (checkpoints written before digests existed restore unverified, with a warning).
     """
+    target, bases = lora.without_base(target)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract),
@@ -136,7 +154,20 @@ class Checkpointer:
         key = "data" if name.startswith("data") else "meta"
         if key in digests and _json_digest(value) != digests[key]:
           raise CorruptCheckpoint(f"checkpoint step {step}: its {name} differs from its digest")
-    return state, data, meta
+    saved_bases = meta.pop("base_digests", [])
+    if saved_bases != [self._base_digest(b) for b in bases]:
+      raise BaseModelMismatch(
+          f"checkpoint step {step} in {self.directory} holds LoRA adapters trained on a base "
+          f"model whose weights differ from the model loaded now (config.model "
+          f"{meta.get('config', {}).get('model')!r}): load the model the run was trained on")
+    return lora.with_base(state, bases), data, meta
+
+  def _base_digest(self, base: Any) -> str:
+    """`base_digest`, computed once per base (its arrays never change during a run)."""
+    key = tuple(id(x) for x in jax.tree.leaves(base))
+    if key not in self._base_digests:
+      self._base_digests[key] = (base, base_digest(base))  # keeps the arrays (and ids) alive
+    return self._base_digests[key][1]
 
   def latest_meta(self) -> tuple[int, dict] | None:
     """(step, meta) of the newest checkpoint whose metadata reads, without touching its state."""
@@ -154,6 +185,8 @@ class Checkpointer:
     for step in reversed(self.steps()):
       try:
         state, data_state, meta = self.restore(step, target)
+      except BaseModelMismatch:
+        raise  # not damage: the run is refused, its checkpoints kept
       except Exception as e:  # noqa: BLE001 - any failure means "not usable", try older
         aside = self._set_aside(step)
         log.warning("checkpoint step %d in %s is unreadable (%s: %s); moved it to %s and "
@@ -196,7 +229,8 @@ def _as_lists(tree: Any) -> Any:
   return tree
 
 
-def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, dict, int]:
+def latest_policy_params(workdir: str, step: int | None = None, merge_adapters: bool = True
+                         ) -> tuple[Any, dict, int]:
   """(policy params, run metadata, step) from a training run's newest readable checkpoint,
   or from checkpoint `step` when given.
 
@@ -204,7 +238,9 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
   and the policy is `state["params"]` (or its "policy" entry when the params
   also hold a critic), or `state["ema_params"]` where the run kept the moving average
   that it evaluated, inside `state["train"]` for an overlapped run
-  (`overlap.OverlapState`).
+  (`overlap.OverlapState`). A LoRA run's policy is its adapters merged into the base
+  model its config names (checked against the digest the run recorded), or with
+  `merge_adapters=False` its LoRA params as saved: {"base": None, "lora": adapters}.
   """
   ckpt = Checkpointer(workdir)
   try:
@@ -240,10 +276,28 @@ def latest_policy_params(workdir: str, step: int | None = None) -> tuple[Any, di
       else:
         log.warning("checkpoint step %d has no digests (older version): exported unverified",
                     step)
-      return _as_lists(params), meta, step
+      params = _as_lists(params)
+      if merge_adapters and lora.is_lora_params(params):
+        params = _merged_adapters(params["lora"], meta, f"checkpoint step {step} in {workdir}")
+      return params, meta, step
     raise FileNotFoundError(f"no readable checkpoint in {ckpt.directory}")
   finally:
     ckpt.close()
+
+
+def _merged_adapters(adapters: Any, meta: dict, source: str) -> Any:
+  """A LoRA run's policy: its adapters merged into the base model its config names, that
+  base checked against the digest the checkpoint recorded."""
+  from jaxrl_agents.models import zoo  # here: loading a model is this path's alone
+
+  config = meta["config"]
+  base = zoo.load(config["model"], dtype=config.get("dtype", "float32")).params
+  base = lora.laid_out_like(base, adapters)
+  saved = meta.get("base_digests", [])
+  if saved and saved[0] != base_digest(base):
+    raise BaseModelMismatch(f"{source}: its adapters were trained on a base model whose "
+                            f"weights differ from {config['model']!r} as it loads now")
+  return lora.merge(base, adapters, lora.spec_from_config(config["lora"]))
 
 
 def plain_state(workdir: str, step: int) -> Any:

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_agents.models import lora
+
 SCHEDULES = ("constant", "cosine", "linear")
 # What the decay runs on: applied optimizer updates (the run's step count), or the
 # fraction of a time budget spent, so a time-budgeted run decays over its budget
@@ -153,10 +155,29 @@ def make_optimizer(
                      for label, overrides in groups.items()}}
     main = optax.multi_transform(transforms, label_fn)
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
-  tx = optax.apply_if_finite(optax.chain(*parts, main), max_consecutive_errors=2**30)
+  tx = optax.apply_if_finite(adapters_only(optax.chain(*parts, main)),
+                             max_consecutive_errors=2**30)
   scale = jnp.ones_like if by_updates else functools.partial(
       decay_factor, decay=decay, end_fraction=end_fraction, decay_over=decay_over)
   return Optimizer(tx=tx, schedule=schedule, scale=scale)
+
+
+def adapters_only(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` over the trainable part of LoRA params (`models/lora.py`): moments for the
+  adapters only, zero updates for the frozen base weights. Params without adapters see
+  `inner` itself, state included (so earlier checkpoints restore unchanged)."""
+
+  def init(params):
+    return inner.init(lora.trainable(params) if lora.has_adapters(params) else params)
+
+  def update(updates, state, params=None):
+    if not lora.has_adapters(updates):
+      return inner.update(updates, state, params)
+    part, state = inner.update(lora.trainable(updates), state,
+                               None if params is None else lora.trainable(params))
+    return lora.with_trainable(updates, part), state
+
+  return optax.GradientTransformation(init, update)
 
 
 def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_state, batch,
