@@ -48,7 +48,7 @@ RESUME_RULES = harness.ResumeRules(
         "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
         "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0,
         "attention": "auto", "continuous_slots": 0, "lora.rank": 0, "lora.alpha": 16.0,
-        "lora.targets": "all", "lora.dropout": 0.0})
+        "lora.targets": "all", "lora.dropout": 0.0, "lora.base_dtype": ""})
 
 
 def setup_logging() -> None:
@@ -72,6 +72,7 @@ def validate_common(config) -> None:
     raise ValueError(f"reward_shaping.references must be >= 1, got {shaping.references}")
   registry.get("reward", config.grader)
   lora.spec_from_config(config.get("lora"))  # bad adapter settings fail before anything loads
+  lora_base_dtype(config)
   _validate_off_policy(config)
   if config.model not in zoo.names() and not config.model.endswith((".gguf",)):
     import os
@@ -145,7 +146,8 @@ def load_model(config) -> zoo.Model:
                      f"got {remat!r}")
   if remat not in ("none", "auto") and layout == "list":
     raise ValueError(f"remat={remat!r} applies to the stacked layout; set layout='stacked'")
-  model = zoo.load(config.model, dtype=config.dtype, mesh=sharding.for_config(config))
+  model = zoo.load(config.model, dtype=config.dtype, param_dtype=lora_base_dtype(config),
+                   mesh=sharding.for_config(config))
   layout, remat = resolve_layout(layout, remat, model.cfg)
   for key, value in (("layout", layout), ("remat", remat)):
     if key in config:  # the run records, and a resume compares, what "auto" chose
@@ -163,6 +165,18 @@ def load_model(config) -> zoo.Model:
   if spec is not None:  # adapters on the laid-out weights (models/lora.py)
     model = lora.wrap(model, spec, jax.random.fold_in(init_key(config), 0x10A))
   return model
+
+
+def lora_base_dtype(config) -> str | None:
+  """The storage dtype of a LoRA run's frozen base (config.lora.base_dtype), else None (the
+  default: float32; every weight of a full fine-tuning run trains in float32)."""
+  block = config.get("lora")
+  if lora.spec_from_config(block) is None or not block.get("base_dtype", ""):
+    return None
+  if block.base_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"lora.base_dtype must be 'float32', 'bfloat16' or '' (float32), got "
+                     f"{block.base_dtype!r}")
+  return block.base_dtype
 
 
 def refuse_lora(config, what: str) -> None:

@@ -16,7 +16,7 @@ from experiments import grpo
 from experiments.configs import grpo_arithmetic
 from jaxrl_agents import registry
 from jaxrl_agents.models import gemma, lm, lora, transformer, weights, zoo
-from jaxrl_agents.rollout import continuous, sampler, sampling, scoring
+from jaxrl_agents.rollout import continuous, sampler, sampling
 from jaxrl_agents.train import checkpointing
 from jaxrl_agents.train import optim as optim_lib
 

@@ -261,8 +261,10 @@ def _devices_and_run(c: ml_collections.ConfigDict) -> None:
   # LoRA (jaxrl_agents/models/lora.py): rank > 0 trains low-rank adapters on the weights
   # `targets` names ("attention", "mlp", "all", or path regexes, comma-separated), the
   # base frozen (no optimizer moments, no gradient), the KL reference the base itself;
-  # the update's scale is alpha / rank. 0: every weight trains.
-  c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets="all", dropout=0.0))
+  # the update's scale is alpha / rank; base_dtype "bfloat16" stores the frozen base in
+  # half the memory ("": float32). 0: every weight trains.
+  c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets="all", dropout=0.0,
+                                          base_dtype=""))
   # > 0: GRPO's log-probabilities from the hidden states this many columns at a time,
   # never the whole [B, N, V] vocabulary logits (192 KiB a token at SmolLM2's V, f32):
   # for long replies, with layout "stacked" and remat "full" (measured in

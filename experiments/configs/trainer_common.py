@@ -87,7 +87,8 @@ def add_schedule(c: ml_collections.ConfigDict, *, steps: int, learning_rate: flo
   c.remat = "auto"
   c.attention = "auto"  # models/attention.py (grpo_arithmetic.py)
   # LoRA adapters (models/lora.py; grpo_arithmetic.py); rank 0: train every weight.
-  c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets="all", dropout=0.0))
+  c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets="all", dropout=0.0,
+                                          base_dtype=""))
   c.eval_every = eval_every
   c.checkpoint_every = eval_every
   c.keep_checkpoints = 2

@@ -291,7 +291,8 @@ def _merged_adapters(adapters: Any, meta: dict, source: str) -> Any:
   from jaxrl_agents.models import zoo  # here: loading a model is this path's alone
 
   config = meta["config"]
-  base = zoo.load(config["model"], dtype=config.get("dtype", "float32")).params
+  base = zoo.load(config["model"], dtype=config.get("dtype", "float32"),
+                  param_dtype=config["lora"].get("base_dtype") or None).params
   base = lora.laid_out_like(base, adapters)
   saved = meta.get("base_digests", [])
   if saved and saved[0] != base_digest(base):
