@@ -8,7 +8,12 @@ For SmolLM2-135M, a Qwen2.5-1.5B- and a Llama-3-8B-shaped config (parameters fro
 
   full       every weight trains: float32 weights, gradient and AdamW moments
   lora       rank `--rank` adapters on every linear weight (models/lora.py), base float32
-  lora-bf16  the same, the frozen base stored in bfloat16 (config.lora.base_dtype)
+  lora-bf16  the same, the frozen base stored in bfloat16 (config.lora.base_dtype) and the
+             passes computed in bfloat16 (config.dtype). On a CPU its temporaries hold a
+             float32 copy of every stacked weight: XLA:CPU computes bfloat16 in float32
+             and casts the whole stack before the layers' loop (seen in the compiled
+             HLO; the transformer does it with or without LoRA). An accelerator computes
+             bfloat16 natively; that compile is not measured here.
 
 compiles the GRPO experiment's jitted update (`experiments.grpo.grpo_update`: loss,
 gradient, AdamW) for `--rows` rows (one group sharing a `--prompt`-column prompt) of
@@ -60,8 +65,8 @@ def _per_device(tree, sizes, rules=sharding.RULES) -> int:
 
 def train_state(cfg, mode: str, rank: int, config):
   """(model definition, train-state shapes, GRPO) of `mode` on `cfg`'s stacked shapes."""
-  base_dtype = "bfloat16" if mode == "lora-bf16" else "float32"
-  cfg = cfg.replace(param_dtype=base_dtype)
+  if mode == "lora-bf16":  # stored and computed in bfloat16 (the accelerators' setting)
+    cfg = cfg.replace(param_dtype="bfloat16", dtype="bfloat16")
   params = jax.eval_shape(lambda: transformer.stack_layers(transformer.init(jax.random.key(0),
                                                                             cfg)))
   if mode != "full":

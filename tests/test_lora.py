@@ -112,6 +112,51 @@ def test_gradients_reach_the_adapters_only():
   assert all(np.any(np.asarray(g)) for g in jax.tree.leaves(grads["lora"]))
 
 
+@pytest.mark.parametrize("base", ["transformer", "stacked"])
+def test_merging_in_each_layer_equals_merging_up_front(base):
+  """The transformer merges each layer's adapters as the layer runs (`lora.Adapted`): the
+  same logits and adapter gradients as merging every weight before the pass."""
+  cfg, params = BASES[base]()
+  model = lora.LoraLM(cfg, SPEC)
+  full = {"base": params, "lora": _nonzero(lora.init(jax.random.key(1), params, SPEC))}
+  tokens, positions = _tokens()
+
+  def loss(adapters, per_layer):
+    p = model.merged({"base": params, "lora": adapters}, per_layer)
+    return jnp.mean(cfg.apply(p, tokens, positions)[0] ** 2)
+
+  assert isinstance(model.merged(full, True)["layers"][0]["wq"] if base == "transformer"
+                    else model.merged(full, True)["layers"]["wq"], lora.Adapted)
+  for per_layer, eager in zip(jax.value_and_grad(loss)(full["lora"], True),
+                              jax.value_and_grad(loss)(full["lora"], False), strict=True):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7),
+                 per_layer, eager)
+
+
+def test_merging_in_each_layer_keeps_the_merged_stack_out_of_memory():
+  """Stacked layers under one scan: merged up front, the whole merged stack and its
+  gradient are temporaries of the update; merged per layer, one layer's at a time."""
+  cfg = zoo.TINY.replace(d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=4, head_dim=64,
+                         n_layers=8, remat="full")
+  params = jax.eval_shape(lambda: transformer.stack_layers(cfg.init(jax.random.key(0))))
+  spec = lora.LoraSpec(rank=4)
+  adapters = jax.eval_shape(lambda: lora.init(jax.random.key(1), params, spec))
+  model = lora.LoraLM(cfg, spec)
+  tokens, positions = _tokens(b=2, t=16)
+
+  def temporaries(per_layer):
+    def loss(a, base):
+      p = model.merged({"base": base, "lora": a}, per_layer)
+      return jnp.mean(cfg.apply(p, tokens, positions)[0])
+    compiled = jax.jit(jax.grad(loss)).lower(adapters, params).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  layer_weights = sum(x.size * 4 for k, x in params["layers"].items() if k.startswith("w"))
+  eager, per_layer = temporaries(False), temporaries(True)
+  assert eager >= layer_weights  # the merged stack at least
+  assert per_layer < eager - layer_weights // 2, (per_layer, eager, layer_weights)
+
+
 def test_optimizer_keeps_moments_for_the_adapters_and_leaves_the_base():
   cfg, params = BASES["stacked"]()
   full = {"base": params, "lora": _nonzero(lora.init(jax.random.key(1), params, SPEC))}

@@ -241,19 +241,54 @@ def delta(a: jax.Array, b: jax.Array, shape: tuple[int, ...], axes: str, scale: 
 def merge(base: Params, adapters: Params | None, spec: LoraSpec) -> Params:
   """The base params with every adapter merged: W + (alpha / rank) B @ A, in f32, cast back
   to W's dtype. `adapters` None gives `base` itself."""
-  if adapters is None:
-    return base
+  return base if adapters is None else materialize(adapted(base, adapters, spec))
 
+
+@jax.tree_util.register_pytree_node_class
+class Adapted:
+  """A weight with its adapters, merged where a layer reads it (`materialize`), not before.
+
+  A model whose layers run under one `lax.scan` (the stacked transformer) slices this
+  like any leaf, so each layer merges its own slice: neither the merged [L, ...] weights
+  nor their gradient exist whole, only one layer's at a time (benchmarks/lora_memory.py).
+  `axes` are the whole weight's; a slice drops their leading batch letters."""
+
+  def __init__(self, w, a, b, axes: str, scale: float):
+    self.w, self.a, self.b, self.axes, self.scale = w, a, b, axes, scale
+
+  shape = property(lambda self: self.w.shape)
+  dtype = property(lambda self: self.w.dtype)
+
+  def tree_flatten(self):
+    return (self.w, self.a, self.b), (self.axes, self.scale)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(*children, *aux)
+
+  def merged(self) -> jax.Array:
+    axes = self.axes[len(self.axes) - self.w.ndim:]
+    d = delta(self.a, self.b, tuple(self.w.shape), axes, self.scale)
+    return (self.w.astype(jnp.float32) + d).astype(self.w.dtype)
+
+
+def materialize(tree: Any) -> Any:
+  """`tree` with every `Adapted` weight merged (a model's layer calls this on its params)."""
+  is_adapted = lambda n: isinstance(n, Adapted)
+  return jax.tree.map(lambda n: n.merged() if is_adapted(n) else n, tree, is_leaf=is_adapted)
+
+
+def adapted(base: Params, adapters: Params, spec: LoraSpec) -> Params:
+  """`merge` deferred: each adapted weight an `Adapted` for the model to `materialize`."""
   def visit(node, adapt, path, parent):
-    if isinstance(adapt, dict) and not adapt:  # nothing adapted below here
+    if isinstance(adapt, dict) and not adapt:
       return node
     if isinstance(adapt, dict) and set(adapt) == {"a", "b"} and hasattr(node, "shape"):
       axes = _axes(path, tuple(node.shape), _given_axes(spec, path), parent)
-      d = delta(adapt["a"], adapt["b"], tuple(node.shape), axes, spec.scale)
-      return (node.astype(jnp.float32) + d).astype(node.dtype)
+      return Adapted(node, adapt["a"], adapt["b"], axes, spec.scale)
     if isinstance(node, dict):
-      return {k: (visit(v, adapt[k], _join(path, k), node)
-                  if k in adapt else v) for k, v in node.items()}
+      return {k: (visit(v, adapt[k], _join(path, k), node) if k in adapt else v)
+              for k, v in node.items()}
     if isinstance(node, list | tuple):
       return type(node)(visit(v, a, _join(path, i), {})
                         for i, (v, a) in enumerate(zip(node, adapt, strict=True)))
@@ -375,9 +410,15 @@ class LoraLM:
   param_dtype = property(lambda self: self.base.param_dtype)
   activation_mesh = property(lambda self: self.base.activation_mesh)
 
-  def merged(self, params: Params) -> Params:
-    """The base's params with the adapters merged; the base weights get no gradient."""
+  def merged(self, params: Params, per_layer: bool = False) -> Params:
+    """The base's params with the adapters merged; the base weights get no gradient. With
+    `per_layer`, where the base merges `Adapted` weights in its layers
+    (`merges_adapters_per_layer`), each layer merges its own when it runs."""
     base = jax.lax.stop_gradient(params["base"])
+    if params["lora"] is None:
+      return base
+    if per_layer and getattr(self.base, "merges_adapters_per_layer", False):
+      return adapted(base, params["lora"], self.spec)
     return merge(base, params["lora"], self.spec)
 
   def init(self, rng: jax.Array) -> Params:
@@ -386,7 +427,9 @@ class LoraLM:
     return {"base": base, "lora": init(lora_rng, base, self.spec)}
 
   def apply(self, params: Params, tokens: jax.Array, positions: jax.Array, **kwargs):
-    return self.base.apply(self.merged(params), tokens, positions, **kwargs)
+    # A pass that fills a cache reads the weights per layer outside the layers' loop.
+    per_layer = kwargs.get("cache") is None and kwargs.get("new_cache_len") is None
+    return self.base.apply(self.merged(params, per_layer), tokens, positions, **kwargs)
 
   def lm_head(self, params: Params, hidden: jax.Array) -> jax.Array:
     return self.base.lm_head(self.merged(params), hidden)
@@ -416,7 +459,7 @@ class LoraLM:
     shared = self.base.apply_shared_prefix  # AttributeError: not offered
 
     def call(params, *args, **kwargs):
-      return shared(self.merged(params), *args, **kwargs)
+      return shared(self.merged(params, per_layer=True), *args, **kwargs)
     return call
 
   def __getattr__(self, name):

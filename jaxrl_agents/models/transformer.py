@@ -54,13 +54,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_agents.models import attention
+from jaxrl_agents.models import attention, lora
 from jaxrl_agents.parallel.sharding import BATCH_AXES
 
 Params = dict[str, Any]
@@ -127,6 +127,8 @@ class TransformerConfig:
   remat: str = "none"
   attention: str = "auto"
   activation_mesh: Any = None
+  # Each layer merges its own LoRA weights (`lora.Adapted`) when it runs (`_run_layers`).
+  merges_adapters_per_layer: ClassVar[bool] = True
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -515,6 +517,7 @@ def _run_layers(x, layers, layer_fn, remat: str):
   """`x` through every layer, layer_fn(x, layer) each: stacked layers (a dict of
   f[L, ...]) as one `lax.scan` whose body the backward pass rematerializes by `remat`
   (`REMAT_POLICIES`), listed ones in order."""
+  layer_fn = lambda x, layer, fn=layer_fn: fn(x, lora.materialize(layer))  # LoRA, per layer
   if isinstance(layers, dict):
     body = lambda x, layer: (layer_fn(x, layer), None)
     if remat != "none":
