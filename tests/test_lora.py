@@ -342,6 +342,28 @@ def test_grpo_with_a_kl_term_reads_the_base_as_its_reference(tmp_path):
   assert kl[0] == 0.0 and kl[1] > 0.0, kl
 
 
+@pytest.mark.parametrize("experiment, config_file", [
+    ("ppo", "ppo_arithmetic"), ("sft", "sft_arithmetic"), ("dpo", "dpo_arithmetic")])
+def test_the_other_trainers_train_adapters_unchanged(tmp_path, experiment, config_file):
+  """PPO (its policy and the critic built from it), SFT and DPO on LoRA params: their
+  checkpoints hold adapters only, and the adapters moved."""
+  import importlib
+  module = importlib.import_module(f"experiments.{experiment}")
+  config = importlib.import_module(f"experiments.configs.{config_file}").get_config("tiny")
+  config.steps = 1
+  config.lora.update(dict(rank=4, alpha=8.0))
+  workdir = str(tmp_path / experiment)
+  module.train(config, workdir, progress=False)
+  step = checkpointing.Checkpointer(workdir).steps()[-1]
+  params = checkpointing.plain_state(workdir, step)["params"]
+  nodes = [params] if lora.is_lora_params(params) else [
+      v for v in params.values() if lora.is_lora_params(v)]
+  assert nodes and all(n["base"] is None for n in nodes)
+  b_of = lambda tree: jax.tree.leaves(jax.tree.map(
+      lambda ab: ab["b"], tree, is_leaf=lambda x: isinstance(x, dict) and set(x) == {"a", "b"}))
+  assert any(np.any(np.asarray(b)) for n in nodes for b in b_of(n["lora"]))
+
+
 @pytest.mark.parity
 def test_a_lora_model_matches_peft_applying_the_same_adapters(tmp_path):
   """Our merged forward against PEFT's unmerged one (x W^T + s x A^T B^T in torch), on the
