@@ -777,7 +777,8 @@ def test_evaluations_every_so_many_seconds(tmp_path):
 
 
 @pytest.mark.parametrize("module, variant", [
-    ("grpo_arithmetic", None), ("grpo_arithmetic", "tiny"), ("ppo_arithmetic", None),
+    ("grpo_arithmetic", None), ("grpo_arithmetic", "tiny"), ("grpo_arithmetic", "lora"),
+    ("ppo_arithmetic", None),
     ("ppo_arithmetic", "tiny"), ("grpo_countdown", None), ("grpo_race", None),
     ("grpo_race", "tiny"), ("grpo_guess_number", None), ("grpo_guess_number", "tiny"),
     ("grpo_calculator", None), ("grpo_calculator", "tiny"), ("grpo_frozen_lake", None),
