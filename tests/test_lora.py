@@ -364,6 +364,35 @@ def test_the_other_trainers_train_adapters_unchanged(tmp_path, experiment, confi
   assert any(np.any(np.asarray(b)) for n in nodes for b in b_of(n["lora"]))
 
 
+def test_adapters_split_over_a_mesh_like_the_weights_they_adapt():
+  from jax.sharding import PartitionSpec as P
+
+  from jaxrl_agents.parallel import sharding
+  sizes = {"data": 1, "fsdp": 4, "tensor": 2}
+  cases = {("lora/layers/3/wq/a", (16, 576)): P(None, "fsdp"),
+           ("lora/layers/3/wq/b", (576, 16)): P("tensor"),
+           ("lora/layers/wo/a", (30, 16, 576)): P(None, None, "tensor"),  # stacked
+           ("lora/layers/w_down/b", (30, 576, 16)): P(None, "fsdp"),
+           ("opt_state/0/mu/lora/layers/3/w_up/a", (16, 576)): P(None, "fsdp")}
+  for (name, shape), spec in cases.items():
+    assert sharding.spec_for(name, shape, sizes) == spec, name
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+def test_a_lora_run_on_a_mesh_logs_what_one_device_logs(tmp_path):
+  with registry.registered("reward", "test_first_char_parity", _first_char_parity):
+    config = _lora_config(steps=2)
+    config.optimizer.eps = 1e-4  # Adam's first steps amplify float noise (test_sharding)
+    grpo.train(config, str(tmp_path / "one"), progress=False)
+    config.mesh.update(dict(data=2, fsdp=2, tensor=2))
+    grpo.train(config, str(tmp_path / "mesh"), progress=False)
+  records = lambda d: [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))
+                       if json.loads(line)["kind"] == "train"]
+  for a, b in zip(records(tmp_path / "one"), records(tmp_path / "mesh"), strict=True):
+    for k in ("reward_mean", "loss", "grad_norm", "entropy"):
+      assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-5), (a["step"], k)
+
+
 @pytest.mark.parity
 def test_a_lora_model_matches_peft_applying_the_same_adapters(tmp_path):
   """Our merged forward against PEFT's unmerged one (x W^T + s x A^T B^T in torch), on the

@@ -52,6 +52,12 @@ RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
     (r"(^|/)attn_vec_einsum/w$", ("tensor", None, "fsdp")),  # [N, H, D]
     (r"(^|/)mlp/gating_einsum$", (None, "tensor", "fsdp")),  # [2, F, D]
     (r"(^|/)mlp/linear$", ("tensor", "fsdp")),  # [F, D]
+    # LoRA adapters of the transformer's weights (models/lora.py): A [r, in] splits its
+    # input like the weight does, B [out, r] its output; the rank stays whole.
+    (r"(^|/)(wq|wk|wv|w_gate|w_up)/a$", (None, "fsdp")),
+    (r"(^|/)(wq|wk|wv|w_gate|w_up)/b$", ("tensor", None)),
+    (r"(^|/)(wo|w_down)/a$", (None, "tensor")),
+    (r"(^|/)(wo|w_down)/b$", ("fsdp", None)),
 )
 
 
@@ -147,7 +153,7 @@ def spec_for(name: str, shape: Sequence[int], mesh: Mesh | Mapping[str, int],
   sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else dict(mesh)
   for pattern, axes in rules:
     if re.search(pattern, name):
-      if len(shape) == len(axes) + 1 and re.search(r"(^|/)layers/[^/]+$", name):
+      if len(shape) == len(axes) + 1 and re.search(r"(^|/)layers/[^/]+(/[ab])?$", name):
         axes = (None, *axes)  # the stacked layout's leading layer axis stays whole
       if len(axes) > len(shape):
         return PartitionSpec()  # e.g. a scalar where the rule expects a matrix
