@@ -179,13 +179,6 @@ def lora_base_dtype(config) -> str | None:
   return block.base_dtype
 
 
-def refuse_lora(config, what: str) -> None:
-  """A clear error where adapters are not built yet (config.lora.rank > 0)."""
-  if lora.spec_from_config(config.get("lora")) is not None:
-    raise ValueError(f"config.lora.rank={config.lora.rank}: LoRA adapters are not built for "
-                     f"{what} yet; set lora.rank=0")
-
-
 def resolve_layout(layout: str, remat: str, cfg, backend: str | None = None
                    ) -> tuple[str, str]:
   """(layout, remat) with "auto" chosen: the per-layer list on CPU (faster there) and for

@@ -214,7 +214,6 @@ def train(config, workdir: str, progress: bool = True) -> dict[str, Any]:
   """Runs (or resumes) process-reward-model training in `workdir`; returns the last eval
   record."""
   validate(config)
-  common.refuse_lora(config, "a reward model's training")
   model = common.load_model(config)
   settings_from_config(config, model.cfg)  # before any data is generated
   train_rows, held_rows, candidates = step_data.load_data(config, model, workdir, progress)

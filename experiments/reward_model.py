@@ -239,7 +239,6 @@ def validate(config) -> None:
 def train(config, workdir: str, progress: bool = True) -> dict:
   """Runs (or resumes) reward-model training in `workdir`; returns the last eval record."""
   validate(config)
-  common.refuse_lora(config, "a reward model's training")
   model = common.load_model(config)
   settings_from_config(config, model.cfg)  # before the pairs are generated
   train_pairs, held_pairs, candidates = preference_data.load_data(config, model, workdir,

@@ -364,6 +364,31 @@ def test_the_other_trainers_train_adapters_unchanged(tmp_path, experiment, confi
   assert any(np.any(np.asarray(b)) for n in nodes for b in b_of(n["lora"]))
 
 
+def test_a_reward_model_trains_adapters_and_serves_as_a_reward_merged(tmp_path):
+  from experiments import reward_model as rm_experiment
+  from experiments.configs import reward_model_arithmetic
+  from jaxrl_agents.rewards import learned
+
+  config = reward_model_arithmetic.get_config("tiny")
+  config.lora.update(dict(rank=4, alpha=8.0))
+  with pytest.raises(ValueError, match="frozen_layers=1 .*set frozen_layers=0"):
+    rm_experiment.train(config, str(tmp_path / "refused"), progress=False)
+  config.reward_model.frozen_layers = 0
+  workdir = str(tmp_path / "rm")
+  rm_experiment.train(config, workdir, progress=False)
+  step = checkpointing.Checkpointer(workdir).steps()[-1]
+  saved = checkpointing.plain_state(workdir, step)["params"]["backbone"]
+  assert saved["base"] is None
+  reward = learned.LearnedReward(workdir)
+  by_hand = lora.merge(zoo.load("tiny").params, checkpointing._as_lists(saved["lora"]),
+                       lora.LoraSpec(rank=4, alpha=8.0))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6),
+               reward.params["backbone"], by_hand)
+  example = {"question": "What is 5 + 7?", "answer": "12", "prompt": "What is 5 + 7?"}
+  scores = reward(["12", "seven"], [example, example])
+  assert np.all(np.isfinite(np.asarray(scores[0] if isinstance(scores, tuple) else scores)))
+
+
 def test_adapters_split_over_a_mesh_like_the_weights_they_adapt():
   from jax.sharding import PartitionSpec as P
 

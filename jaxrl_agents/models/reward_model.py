@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agents.models import heads, lm, transformer
+from jaxrl_agents.models import heads, lm, lora, transformer
 
 POOLINGS = ("last", "mean")
 
@@ -45,6 +45,10 @@ def init(backbone, rng: jax.Array, cfg: lm.CausalLM, head_scale: float = 0.0
 
 
 def check_frozen_layers(frozen_layers: int, cfg: lm.CausalLM) -> None:
+  if frozen_layers and isinstance(cfg, lora.LoraLM):
+    raise ValueError(f"frozen_layers={frozen_layers} freezes lower layers of a backbone that "
+                     "trains every weight; with config.lora only the adapters train already: "
+                     "set frozen_layers=0")
   if not 0 <= frozen_layers <= cfg.n_layers:
     raise ValueError(f"frozen_layers must be in [0, {cfg.n_layers}] (the model's layers), "
                      f"got {frozen_layers}")

@@ -277,12 +277,19 @@ def latest_policy_params(workdir: str, step: int | None = None, merge_adapters: 
         log.warning("checkpoint step %d has no digests (older version): exported unverified",
                     step)
       params = _as_lists(params)
-      if merge_adapters and lora.is_lora_params(params):
-        params = _merged_adapters(params["lora"], meta, f"checkpoint step {step} in {workdir}")
+      if merge_adapters:  # LoRA: the policy's adapters, or a reward model backbone's, merged
+        params = _merge_every_adapter(params, meta, f"checkpoint step {step} in {workdir}")
       return params, meta, step
     raise FileNotFoundError(f"no readable checkpoint in {ckpt.directory}")
   finally:
     ckpt.close()
+
+
+def _merge_every_adapter(params: Any, meta: dict, source: str) -> Any:
+  """`params` with each LoRA node ({"base": None, "lora": ...}) its merged weights."""
+  return jax.tree.map(lambda node: _merged_adapters(node["lora"], meta, source)
+                      if lora.is_lora_params(node) else node, params,
+                      is_leaf=lora.is_lora_params)
 
 
 def _merged_adapters(adapters: Any, meta: dict, source: str) -> Any:
