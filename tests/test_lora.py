@@ -342,15 +342,16 @@ def test_grpo_with_a_kl_term_reads_the_base_as_its_reference(tmp_path):
   assert kl[0] == 0.0 and kl[1] > 0.0, kl
 
 
-@pytest.mark.parametrize("experiment, config_file", [
-    ("ppo", "ppo_arithmetic"), ("sft", "sft_arithmetic"), ("dpo", "dpo_arithmetic")])
-def test_the_other_trainers_train_adapters_unchanged(tmp_path, experiment, config_file):
-  """PPO (its policy and the critic built from it), SFT and DPO on LoRA params: their
-  checkpoints hold adapters only, and the adapters moved."""
+@pytest.mark.parametrize("experiment, config_file, model", [
+    ("ppo", "ppo_arithmetic", "tiny"), ("sft", "sft_arithmetic", "tiny"),
+    ("dpo", "dpo_arithmetic", "tiny"), ("grpo", "grpo_arithmetic", "tiny-gemma")])
+def test_the_other_trainers_train_adapters_unchanged(tmp_path, experiment, config_file, model):
+  """PPO (its policy and the critic built from it), SFT, DPO, and GRPO on a Gemma (Flax)
+  with LoRA params: their checkpoints hold adapters only, and the adapters moved."""
   import importlib
   module = importlib.import_module(f"experiments.{experiment}")
   config = importlib.import_module(f"experiments.configs.{config_file}").get_config("tiny")
-  config.steps = 1
+  config.steps, config.model = 1, model
   config.lora.update(dict(rank=4, alpha=8.0))
   workdir = str(tmp_path / experiment)
   module.train(config, workdir, progress=False)
