@@ -271,6 +271,9 @@ def test_a_lora_run_saves_adapters_resumes_bitwise_and_exports(tmp_path, crashed
   workdir = str(tmp_path / "run")
   with registry.registered("reward", "test_first_char_parity", _first_char_parity):
     grpo.train(_lora_config(), workdir, progress=False)
+    assert {"metrics.jsonl", "samples.jsonl", "config.json", "tensorboard"} <= set(
+        os.listdir(workdir))
+    assert checkpointing.Checkpointer(workdir).steps()[-1] == 3
     # adapters only: no base weight in the checkpoint, the base's digest beside them
     state = checkpointing.plain_state(workdir, 3)
     assert state["params"]["base"] is None and state["params"]["lora"]
