@@ -24,10 +24,11 @@ temporaries (activations, gradients, the merged weights). One device's peak is a
 arguments + temporaries (outputs alias the donated state).
 
 Per device on meshes of 1, 8 and 64 devices: the parameters' and optimizer state's
-shares under `sharding.RULES` (FSDP over every device; adapters, which no rule names,
-replicated), beside the one-device temporaries of `--rows` rows (each device holding
-`--rows` rows of its own), and a bfloat16 KV cache of `--kv-rows` rollouts of prompt +
-reply tokens split over the devices (`sharding.CACHE_RULES`).
+shares under `sharding.RULES` (FSDP over every device; an adapter's A split along its
+input like its weight, B along its output), beside the one-device temporaries of
+`--rows` rows (each device holding `--rows` rows of its own), and a bfloat16 KV cache of
+`--kv-rows` rollouts of prompt + reply tokens split over the devices
+(`sharding.CACHE_RULES`).
 
 Prints a Markdown table, then one JSON object as its last line.
 """
