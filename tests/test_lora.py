@@ -347,15 +347,22 @@ def test_grpo_with_a_kl_term_reads_the_base_as_its_reference(tmp_path):
 
 @pytest.mark.parametrize("experiment, config_file, model", [
     ("ppo", "ppo_arithmetic", "tiny"), ("sft", "sft_arithmetic", "tiny"),
-    ("dpo", "dpo_arithmetic", "tiny"), ("grpo", "grpo_arithmetic", "tiny-gemma")])
+    ("dpo", "dpo_arithmetic", "tiny"), ("grpo", "grpo_arithmetic", "tiny-gemma"),
+    ("grpo", "grpo_frozen_lake", "tiny"), ("grpo", "grpo_tic_tac_toe_self_play", "tiny"),
+    ("rejection_sampling", "rejection_sampling_arithmetic", "tiny")])
 def test_the_other_trainers_train_adapters_unchanged(tmp_path, experiment, config_file, model):
-  """PPO (its policy and the critic built from it), SFT, DPO, and GRPO on a Gemma (Flax)
-  with LoRA params: their checkpoints hold adapters only, and the adapters moved."""
+  """PPO (its policy and the critic built from it), SFT, DPO, GRPO on a Gemma (Flax), the
+  multi-turn and self-play loops and rejection sampling with LoRA params: their
+  checkpoints hold adapters only, and the adapters moved."""
   import importlib
   module = importlib.import_module(f"experiments.{experiment}")
   config = importlib.import_module(f"experiments.configs.{config_file}").get_config("tiny")
-  config.steps, config.model = 1, model
+  config.steps, config.model = config.get("steps_per_round", 1), model  # one round
   config.lora.update(dict(rank=4, alpha=8.0))
+  if "env" in config:
+    # the tiny random model's episodes all score 0 (no advantage): an entropy bonus
+    # gives the adapters a gradient of their own
+    config.entropy_coef = 0.01
   workdir = str(tmp_path / experiment)
   module.train(config, workdir, progress=False)
   step = checkpointing.Checkpointer(workdir).steps()[-1]
