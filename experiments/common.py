@@ -204,8 +204,11 @@ def task_examples(config):
         "no eval_jsonl_path: evaluating on the first %d training prompts (not held out)",
         config.eval_size)
     return examples, examples[: config.eval_size]
-  train = data_lib.load_task(config.task, "train")
-  held_out = data_lib.load_task(config.task, config.eval_split)
+  # A suite's options (data/suites.py: reasoning-gym's sizes, seeds, weights, configs).
+  options = config.get("task_options", None)
+  options = options.to_dict() if hasattr(options, "to_dict") else dict(options or {})
+  train = data_lib.load_task(config.task, "train", **options)
+  held_out = data_lib.load_task(config.task, config.eval_split, **options)
   n = min(config.eval_size, len(held_out))
   return train, [held_out[i] for i in range(n)]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets everything up (with the test and parity extras) and runs lint and the
+# Sets everything up (with the test, parity and tasks extras) and runs lint and the
 # whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ if [ "$lanes" != 1 ] && [ "$lanes" != 2 ]; then
   echo "scripts/test.sh: TEST_LANES must be 1 or 2, got '$lanes'" >&2
   exit 2
 fi
-scripts/setup.sh test,parity
+scripts/setup.sh test,parity,tasks
 .venv/bin/ruff check .
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -X faulthandler -m pytest -q "$@"

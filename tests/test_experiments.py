@@ -786,7 +786,8 @@ def test_evaluations_every_so_many_seconds(tmp_path):
     ("grpo_search_qa", None), ("grpo_search_qa", "tiny"), ("ppo_frozen_lake", None),
     ("ppo_frozen_lake", "tiny"), ("grpo_tic_tac_toe", None), ("grpo_tic_tac_toe", "tiny"),
     ("grpo_sokoban", None), ("grpo_sokoban", "tiny"), ("grpo_tic_tac_toe_self_play", None),
-    ("grpo_tic_tac_toe_self_play", "tiny")])
+    ("grpo_tic_tac_toe_self_play", "tiny"), ("grpo_reasoning_gym", None),
+    ("grpo_reasoning_gym", "tiny")])
 def test_every_shipped_config_validates(module, variant):
   import importlib
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from jaxrl_agents.data import suites
 from jaxrl_agents.data.arithmetic import Arithmetic
 from jaxrl_agents.data.countdown import Countdown
 
@@ -37,9 +38,9 @@ BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
 
 
 def task_names() -> list[str]:
-  """Every valid `load_task` name: "builder/config" for each config."""
+  """Every valid `load_task` name: "builder/config" for each config, then the suites'."""
   return sorted(f"{name}/{config.name}" for name, builder in BUILDERS.items()
-                for config in builder.BUILDER_CONFIGS)
+                for config in builder.BUILDER_CONFIGS) + suites.suite_names()
 
 
 def default_data_dir() -> str:
@@ -98,7 +99,9 @@ class TaskSource(Sequence[dict[str, Any]]):
     indices = [self._check(i) for i in indices]
     if not indices:
       return []
-    return [_to_python(e) for e in self._source.__getitems__(indices)]
+    read = getattr(self._source, "__getitems__", None)  # a list (a suite's) has none
+    rows = read(indices) if read else [self._source[i] for i in indices]
+    return [_to_python(e) for e in rows]
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
     chunk = 512  # batched reads are faster than one record at a time
@@ -154,17 +157,24 @@ def prepare(name: str, data_dir: str | None = None) -> tfds.core.GeneratorBasedB
   return builder
 
 
-def load_task(name: str, split: str, data_dir: str | None = None) -> TaskSource:
+def load_task(name: str, split: str, data_dir: str | None = None, **options) -> TaskSource:
   """A random-access split of a task, prepared on first use.
 
   Args:
-    name: "arithmetic/<config>" (add1, sub1, add2, sub2, mul_table, mixed) or
-      "countdown[/<config>]" (n3, n4, mixed); see `task_names()`.
-    split: "train", "test", or a TFDS slice such as "train[:100]".
+    name: "arithmetic/<config>" (add1, sub1, add2, sub2, mul_table, mixed),
+      "countdown[/<config>]" (n3, n4, mixed), or a third-party suite's (`data/suites.py`:
+      "gsm8k", "aime2025", "gpqa_diamond", "reasoning_gym/<task>[,<task>...]"); see
+      `task_names()`.
+    split: "train", "test", or (the TFDS tasks) a slice such as "train[:100]".
     data_dir: TFDS data directory; default `<cache_dir()>/tensorflow_datasets`.
+    **options: a suite's options (reasoning-gym: size, seed, weights, configs, ...).
 
   Returns:
     A `TaskSource`: `len()` and `[i]` give dicts of str / int / list values.
   """
+  if suites.is_suite(name):
+    return TaskSource(suites.load(name, split, **options), name=name, split=split)
+  if options:
+    raise ValueError(f"task {name!r} takes no options, got {sorted(options)}")
   builder = prepare(name, data_dir)
   return TaskSource(builder.as_data_source(split=split), name=name, split=split)

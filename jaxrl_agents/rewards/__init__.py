@@ -17,12 +17,16 @@ registers them under kind "reward":
 | countdown_format   | an expression can be extracted and parsed                             |
 | length_penalty     | -coef * max(0, length - budget) / budget (<= 0)                       |
 | reward_model       | a trained reward model's score (`workdir`: its run; in-process)       |
+| reasoning_gym      | the task's own scorer on the last <answer> tag (rewards/suites.py)    |
+| reasoning_gym_lenient | the same, else on the reply's last line                            |
+| multiple_choice    | the reply ends stating a letter A-D equal to "answer"                 |
+| multiple_choice_lenient | the last standalone letter A-D equals "answer"                   |
 
 `combine`, `from_config`, `lexicographic` and `gated` build rewards that return
 `(total f32[B], {component: f32[B]})` for logging.
 """
 
-from jaxrl_agents.rewards import answers, countdown, formatting, learned, length
+from jaxrl_agents.rewards import answers, countdown, formatting, learned, length, suites
 from jaxrl_agents.rewards.answers import (
     extract_boxed,
     last_integer,
@@ -98,4 +102,5 @@ __all__ = [
     "parse_number",
     "short_reply_reward",
     "strict_answer",
+    "suites",
 ]

@@ -1,0 +1,47 @@
+r"""GRPO on a mix of reasoning-gym tasks, rewarded and graded by reasoning-gym's own scorers.
+
+  python -m experiments.grpo --config=experiments/configs/grpo_reasoning_gym.py \
+      --workdir=runs/grpo_reasoning_gym
+
+Task: `reasoning_gym/<tasks>` (data/suites.py): the generators of the tasks in MIX, drawn
+by weight, train and test split by seed with no test question in training. The prompt asks
+for the answer inside <answer></answer> tags; the reward is the task's own `score_answer`
+on the last tag (partial credit as the task gives it), the held-out accuracy counts full
+credit (`reasoning_gym_solved`). Needs `pip install 'jaxrl_agents[tasks]'`.
+
+The mix: the tasks whose greedy held-out accuracy with the embedded model lies between
+about 0.1 and 0.5 (docs/evaluation.md, "Choosing the mix"). Other tasks:
+`--config.task=reasoning_gym/gcd,lcm` (options in `--config.task_options.*`).
+
+Variants: `:tiny` (the tiny random model, 3 steps: every artifact).
+"""
+
+import ml_collections
+
+from experiments.configs import grpo_arithmetic
+
+MIX = "reasoning_gym/chain_sum,gcd"
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+  c = grpo_arithmetic.get_config("tiny" if variant == "tiny" else None)
+  if variant not in (None, "tiny"):
+    raise ValueError(f"unknown variant {variant!r}; expected 'tiny' or none")
+  c.task = MIX
+  # reasoning-gym's split sizes and seeds (data/suites.py): the test split first, the
+  # training split drawn with another seed, the test questions left out of it.
+  c.task_options = ml_collections.ConfigDict(dict(
+      train_size=5000, train_seed=0, test_size=200, test_seed=1_000_003))
+  c.prompt_template = "{question}\nPut your final answer inside <answer></answer> tags."
+  c.rewards = ml_collections.ConfigDict({"reasoning_gym": 1.0})
+  c.grader = "reasoning_gym_solved"
+  c.eval_size = 200
+  c.max_new_tokens = 96
+  if variant == "tiny":
+    c.task_options.update(train_size=64, test_size=8)
+    c.eval_size = 8
+    c.max_new_tokens = 16
+    # the tiny random model never answers: the short-reply reward gives its groups variance
+    c.rewards = ml_collections.ConfigDict(
+        {"reasoning_gym": 1.0, "short_reply": {"weight": 0.2, "max_chars": 12}})
+  return c
