@@ -18,10 +18,11 @@ prepare a dataset once. TensorFlow is not used.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,10 +74,15 @@ class TaskSource(Sequence[dict[str, Any]]):
   grain's `MapDataset.source` accepts it directly.
   """
 
-  def __init__(self, source: Sequence[Any], name: str, split: str):
+  def __init__(self, source: Sequence[Any], name: str, split: str,
+               convert: Callable[[Any], Any] = _to_python):
     self._source = source
     self.name = name
     self.split = split
+    # How a stored example becomes the returned one. A suite's examples are Python
+    # already and keep their types (reasoning-gym's scorers compare tuples in their
+    # metadata): they are deep-copied, not converted.
+    self._convert = convert
 
   def __len__(self) -> int:
     return len(self._source)
@@ -92,7 +98,7 @@ class TaskSource(Sequence[dict[str, Any]]):
   def __getitem__(self, index):  # int -> dict, slice -> list of dicts
     if isinstance(index, slice):
       return self.__getitems__(range(*index.indices(len(self))))
-    return _to_python(self._source[self._check(index)])
+    return self._convert(self._source[self._check(index)])
 
   def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
     """Several examples in one read (grain uses this when present)."""
@@ -101,7 +107,7 @@ class TaskSource(Sequence[dict[str, Any]]):
       return []
     read = getattr(self._source, "__getitems__", None)  # a list (a suite's) has none
     rows = read(indices) if read else [self._source[i] for i in indices]
-    return [_to_python(e) for e in rows]
+    return [self._convert(e) for e in rows]
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
     chunk = 512  # batched reads are faster than one record at a time
@@ -173,7 +179,8 @@ def load_task(name: str, split: str, data_dir: str | None = None, **options) -> 
     A `TaskSource`: `len()` and `[i]` give dicts of str / int / list values.
   """
   if suites.is_suite(name):
-    return TaskSource(suites.load(name, split, **options), name=name, split=split)
+    return TaskSource(suites.load(name, split, **options), name=name, split=split,
+                      convert=copy.deepcopy)
   if options:
     raise ValueError(f"task {name!r} takes no options, got {sorted(options)}")
   builder = prepare(name, data_dir)
