@@ -7,7 +7,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxrl_agents"
 # Lowest first: a part may import the parts before it, never one after it.
 ORDER = ["parallel", "registry", "types", "models", "data", "objectives", "train", "rewards",
-         "envs", "rollout", "tools"]
+         "envs", "rollout", "evaluation", "tools"]
 # `python -m jaxrl_agents.generate|export|plots`, kept working: they call tools/.
 COMMANDS = {"generate", "export", "plots"}
 

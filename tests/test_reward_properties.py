@@ -42,11 +42,17 @@ _SETTINGS = settings(max_examples=60, deadline=None, database=None,
 _FAST = settings(_SETTINGS, max_examples=300)  # the differential checks on short replies
 
 # One example every registered reward can read.
-_EXAMPLE = {"answer": "12", "numbers": [3, 4, 5], "target": 12}
+_EXAMPLE = {"answer": "12", "numbers": [3, 4, 5], "target": 12,
+            "metadata": {"source_dataset": "gcd"}}  # reasoning-gym's scorer of gcd
+# reasoning-gym loads (imports, its scorers' safety read) at a reward's first answer, once per
+# process: a second that is no reply's cost.
+registry.get("reward", "reasoning_gym")(["<answer>12</answer>"], [_EXAMPLE])
 # Each registered reward's documented range (rewards/__init__.py); a new reward must add its own.
 _RANGES = {"length_penalty": (-math.inf, 0.0)}
 _UNIT_RANGE = {"countdown", "countdown_format", "format_answer_only", "format_boxed",
-               "last_integer", "math_lenient", "math_strict", "short_reply"}
+               "last_integer", "math_lenient", "math_strict", "short_reply",
+               "multiple_choice", "multiple_choice_lenient", "reasoning_gym",
+               "reasoning_gym_lenient", "reasoning_gym_solved", "reasoning_gym_solved_lenient"}
 MAX_CHARS = 20_000
 # Per call on MAX_CHARS characters; measured at under 5 ms on a 2-core machine.
 TIME_BOUND_S = 0.5

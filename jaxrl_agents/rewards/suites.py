@@ -89,11 +89,11 @@ def _score(read, reward: str, completions: Sequence[str],
     if not task:
       raise ValueError(f"{reward}: example {i} has no metadata['source_dataset'] (not a "
                        "reasoning-gym example)")
-    scorer = _scorer(task)
     answer = read(completion)
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
       scores.append(0.0)
       continue
+    scorer = _scorer(task)  # outside the try: an unsafe scorer is an error, not a 0
     try:
       score = float(scorer(answer, dict(example)))
     except (ValueError, TypeError, ArithmeticError, KeyError, IndexError, AttributeError,
