@@ -18,7 +18,6 @@ import json
 import time
 
 import cpu_info
-
 from jaxrl_agents import data
 from jaxrl_agents.evaluation import harness
 from jaxrl_agents.models import zoo
