@@ -25,7 +25,9 @@ def _score(name, completions, examples=None, **options):
 def test_every_reward_is_registered():
   assert registry.names("reward") == sorted([
       "countdown", "countdown_format", "format_answer_only", "format_boxed", "last_integer",
-      "length_penalty", "math_lenient", "math_strict", "reward_model", "short_reply"])
+      "length_penalty", "math_lenient", "math_strict", "multiple_choice",
+      "multiple_choice_lenient", "reasoning_gym", "reasoning_gym_lenient",
+      "reasoning_gym_solved", "reasoning_gym_solved_lenient", "reward_model", "short_reply"])
 
 
 # ---------------------------------------------------------------------------------------------
