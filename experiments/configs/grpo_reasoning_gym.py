@@ -37,8 +37,16 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.grader = "reasoning_gym_solved"
   c.eval_size = 200
   c.max_new_tokens = 96
+  # 30 minutes of training (rollouts and updates), held-out evaluations every 10 minutes
+  # and at the end; the learning rate's cosine decay runs over the 30 minutes.
+  c.time_budget_s = 1800.0
+  c.steps = 1000
+  c.eval_every, c.eval_every_s = 0, 600.0
+  c.optimizer.clock = "train_time"
   if variant == "tiny":
     c.task_options.update(train_size=64, test_size=8)
+    c.time_budget_s, c.steps, c.eval_every, c.eval_every_s = 0.0, 3, 2, 0.0
+    c.optimizer.clock = "updates"
     c.eval_size = 8
     c.max_new_tokens = 16
     # the tiny random model never answers: the short-reply reward gives its groups variance

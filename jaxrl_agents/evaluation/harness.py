@@ -72,8 +72,9 @@ FORMATS: dict[str, TaskFormat] = {
     "reasoning_gym": TaskFormat(
         "{question}\nPut your final answer inside <answer></answer> tags.",
         ("reasoning_gym_solved", "reasoning_gym_solved_lenient"),
-        extraction="strict: the last <answer>...</answer>; lenient: that, else the reply's "
-                   "last line; graded by reasoning-gym's score_answer, full credit"),
+        extraction="strict: the last <answer>...</answer>; lenient: that, else what the "
+                   "last line states ('The answer is X.' reads X); graded by reasoning-gym's "
+                   "score_answer, full credit"),
     "arithmetic": TaskFormat("{question} Answer with just the number.",
                              ("math_strict", "math_lenient"), extraction="as gsm8k"),
 }

@@ -3,7 +3,7 @@
 | name                   | score                                                                 |
 |------------------------|-----------------------------------------------------------------------|
 | reasoning_gym          | the task's own `score_answer` on the last `<answer>...</answer>`      |
-| reasoning_gym_lenient  | the same on the tagged answer, else on the reply's last line          |
+| reasoning_gym_lenient  | the same on the tagged answer, else on the last line's statement      |
 | reasoning_gym_solved   | 1 where `reasoning_gym` gives full credit (a grader: accuracy)        |
 | reasoning_gym_solved_lenient | 1 where `reasoning_gym_lenient` gives full credit               |
 | multiple_choice        | 1 when the reply ends stating a letter ("Answer: B") equal to "answer" |
@@ -55,17 +55,31 @@ def tagged_answer(text: str, tag: str = "answer") -> str | None:
   return text[start + len(tag) + 2:close].strip()
 
 
+_STATEMENT_MARKERS = ("answer is", "answer:")
+_WRAPPING = " \t*`\"'$"
+
+
 def last_line(text: str) -> str | None:
-  """The reply's last non-empty line, without an "Answer:" in front."""
-  for line in reversed(text.strip().splitlines()):
-    line = line.strip()
-    if line:
-      return re.sub(r"^(?:final\s+)?answer\s*+:\s*+", "", line, flags=re.IGNORECASE)
-  return None
+  """The answer a reply's last non-empty line states: the text after its last "answer is"
+  or "answer:" (any case) when it has one, else the whole line; markdown, quotes and a
+  final period around it removed. "The answer is 6." reads "6"."""
+  text = text.rstrip()
+  line = text[text.rfind("\n") + 1:].strip()
+  if not line:
+    return None
+  lowered = line.lower()
+  cut = max(lowered.rfind(m) + len(m) if lowered.rfind(m) >= 0 else -1
+            for m in _STATEMENT_MARKERS)
+  if cut >= 0:
+    line = line[cut:]
+  line = line.strip(_WRAPPING)
+  if line.endswith("."):
+    line = line[:-1].strip(_WRAPPING)
+  return line or None
 
 
 def tagged_or_last_line(text: str) -> str | None:
-  """The tagged answer, else the reply's last line (the lenient reading)."""
+  """The tagged answer, else what the last line states (the lenient reading)."""
   return tagged_answer(text) or last_line(text)
 
 
@@ -117,7 +131,7 @@ def reasoning_gym_reward(completions: Sequence[str],
 @registry.register("reward", "reasoning_gym_lenient")
 def reasoning_gym_lenient_reward(completions: Sequence[str],
                                  examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
-  """`reasoning_gym`, reading the reply's last line where it has no `<answer>` tag."""
+  """`reasoning_gym`, reading what the last line states where the reply has no `<answer>` tag."""
   return as_rewards(_score(tagged_or_last_line, "reasoning_gym_lenient", completions,
                           examples))
 
