@@ -2,6 +2,7 @@
 
   .venv/bin/python benchmarks/task_difficulty.py                    # the embedded model
   .venv/bin/python benchmarks/task_difficulty.py --tasks gcd,lcm --per-task 50
+  .venv/bin/python benchmarks/task_difficulty.py --easy     # EASY's tasks at EASY's levels
 
 Draws `--per-task` test questions of each task (the seeded test split of
 `reasoning_gym/<task>`, data/suites.py), asks them with the reasoning-gym prompt format
@@ -30,6 +31,24 @@ CANDIDATES = ("basic_arithmetic,chain_sum,decimal_arithmetic,gcd,lcm,products,po
               "word_sequence_reversal,letter_jumble,caesar_cipher,family_relationships,"
               "syllogism,aiw,number_filtering,count_primes")
 
+# Easier levels of tasks (each generator's own options) for a 135M model: short operands,
+# few terms or words, still large enough question spaces for disjoint train and test splits.
+EASY: dict[str, dict] = {
+    "chain_sum": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+    "basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                             operators=("+", "-", "*"), allow_parentheses=False,
+                             allow_negation=False),
+    "products": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+    "leg_counting": dict(min_animals=1, max_animals=2, min_instances=1, max_instances=3),
+    "letter_counting": dict(min_words=3, max_words=5),
+    "count_bits": dict(min_n=1, max_n=1000),
+    "gcd": dict(min_value=1, max_value=100),
+    "lcm": dict(min_value=1, max_value=30),
+    "spell_backward": dict(min_word_len=3, max_word_len=5),
+    "word_sequence_reversal": dict(min_words=2, max_words=3),
+    "syllogism": {}, "calendar_arithmetic": {}, "aiw": {},
+}
+
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,13 +57,19 @@ def main() -> None:
   p.add_argument("--per-task", type=int, default=24)
   p.add_argument("--max-new-tokens", type=int, default=96)
   p.add_argument("--batch-size", type=int, default=24)
+  p.add_argument("--easy", action="store_true", help="EASY's tasks at EASY's levels")
   args = p.parse_args()
+  configs = EASY if args.easy else {}
+  if args.easy:
+    args.tasks = ",".join(EASY)
   model = zoo.load(args.model)
   fmt = harness.format_for("reasoning_gym")
   examples, skipped = [], {}
   for task in args.tasks.split(","):
     try:
-      rows = data.load_task(f"reasoning_gym/{task}", "test", test_size=args.per_task)
+      options = {"configs": {task: configs[task]}} if configs.get(task) else {}
+      rows = data.load_task(f"reasoning_gym/{task}", "test", test_size=args.per_task,
+                            **options)
     except Exception as e:  # noqa: BLE001 - report the task, measure the others
       skipped[task] = f"{type(e).__name__}: {e}"
       continue
@@ -62,7 +87,7 @@ def main() -> None:
   for task in sorted(strict, key=lambda t: -strict[t]["greedy"]):
     rows[task] = {"strict": strict[task]["greedy"], "lenient": lenient[task]["greedy"]}
     print(f"| {task} | {rows[task]['strict']:.2f} | {rows[task]['lenient']:.2f} |")
-  print(json.dumps({"model": args.model, "per_task": args.per_task,
+  print(json.dumps({"model": args.model, "per_task": args.per_task, "configs": configs,
                     "max_new_tokens": args.max_new_tokens, "seconds": round(seconds, 1),
                     "cpu": cpu_info.describe(), "skipped": skipped, "tasks": rows}))
 

@@ -200,7 +200,8 @@ def test_a_tiny_grpo_run_on_reasoning_gym_is_scored_by_the_suite(tmp_path):
   test = {config.prompt_template.format(**row): row
           for row in data.load_task(config.task, "test", **options)}
   rows = [test[r["prompt"]] for r in evals]
-  scores = registry.get("reward", "reasoning_gym")([r["completion"] for r in evals], rows)
-  np.testing.assert_allclose([r["reward/reasoning_gym"] for r in evals], scores)
+  scores = registry.get("reward", "reasoning_gym_lenient")([r["completion"] for r in evals],
+                                                          rows)
+  np.testing.assert_allclose([r["reward/reasoning_gym_lenient"] for r in evals], scores)
   train = data.load_task(config.task, "train", **options)
   assert not {r["question"] for r in train} & {r["question"] for r in test.values()}

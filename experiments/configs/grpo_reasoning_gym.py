@@ -20,7 +20,14 @@ import ml_collections
 
 from experiments.configs import grpo_arithmetic
 
-MIX = "reasoning_gym/chain_sum,gcd"
+# Chosen by measurement (benchmarks/task_difficulty.py, docs/evaluation.md): greedy
+# held-out accuracy of the embedded model, lenient reading, 24-48 questions a task:
+# gcd (values to 100) 0.29-0.42, products (two 1-2 digit factors) 0.12-0.50,
+# calendar_arithmetic 0.12-0.38, syllogism 0.17-0.25; chain_sum, leg_counting,
+# letter_counting, spell_backward and most others 0-0.04 even at easy levels.
+MIX = "reasoning_gym/gcd,products,calendar_arithmetic,syllogism"
+LEVELS = {"gcd": {"min_value": 1, "max_value": 100},
+          "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -31,10 +38,14 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # reasoning-gym's split sizes and seeds (data/suites.py): the test split first, the
   # training split drawn with another seed, the test questions left out of it.
   c.task_options = ml_collections.ConfigDict(dict(
-      train_size=5000, train_seed=0, test_size=200, test_seed=1_000_003))
+      train_size=5000, train_seed=0, test_size=200, test_seed=1_000_003, configs=LEVELS))
   c.prompt_template = "{question}\nPut your final answer inside <answer></answer> tags."
-  c.rewards = ml_collections.ConfigDict({"reasoning_gym": 1.0})
-  c.grader = "reasoning_gym_solved"
+  # The embedded model does not write the tags (0 of 672 replies): the reward and the
+  # accuracy read the tag, else what the last line states ("The answer is 6.", "... = 6"),
+  # scored by the task's own score_answer; the strict (tag-only) figure comes from
+  # `tools.evaluate` on the run.
+  c.rewards = ml_collections.ConfigDict({"reasoning_gym_lenient": 1.0})
+  c.grader = "reasoning_gym_solved_lenient"
   c.eval_size = 200
   c.max_new_tokens = 96
   # 30 minutes of training (rollouts and updates), held-out evaluations every 10 minutes
@@ -51,5 +62,5 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.max_new_tokens = 16
     # the tiny random model never answers: the short-reply reward gives its groups variance
     c.rewards = ml_collections.ConfigDict(
-        {"reasoning_gym": 1.0, "short_reply": {"weight": 0.2, "max_chars": 12}})
+        {"reasoning_gym_lenient": 1.0, "short_reply": {"weight": 0.2, "max_chars": 12}})
   return c

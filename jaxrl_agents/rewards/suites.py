@@ -55,14 +55,14 @@ def tagged_answer(text: str, tag: str = "answer") -> str | None:
   return text[start + len(tag) + 2:close].strip()
 
 
-_STATEMENT_MARKERS = ("answer is", "answer:")
+_STATEMENT_MARKERS = ("answer is", "answer:", "=")
 _WRAPPING = " \t*`\"'$"
 
 
 def last_line(text: str) -> str | None:
-  """The answer a reply's last non-empty line states: the text after its last "answer is"
-  or "answer:" (any case) when it has one, else the whole line; markdown, quotes and a
-  final period around it removed. "The answer is 6." reads "6"."""
+  """The answer a reply's last non-empty line states: the text after its last "answer is",
+  "answer:" (any case) or "=", when it has one, else the whole line; markdown, quotes and a
+  final period around it removed. "The answer is 6." and "3 * 4 = 12" read "6" and "12"."""
   text = text.rstrip()
   line = text[text.rfind("\n") + 1:].strip()
   if not line:
