@@ -205,3 +205,11 @@ def test_a_tiny_grpo_run_on_reasoning_gym_is_scored_by_the_suite(tmp_path):
   np.testing.assert_allclose([r["reward/reasoning_gym_lenient"] for r in evals], scores)
   train = data.load_task(config.task, "train", **options)
   assert not {r["question"] for r in train} & {r["question"] for r in test.values()}
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("The answer is 6.", "6"), ("Answer: **42**", "42"), ("work\n\n3 * 4 = 12\n\n", "12"),
+    ("The answer is \"nixo\".", "nixo"), ("10.", "10"), ("   ", None), ("The answer is.", None),
+    ("first line\nThe letter appears 1 time.", "The letter appears 1 time")])
+def test_the_lenient_reading_takes_what_the_last_line_states(reply, expected):
+  assert suite_rewards.last_line(reply) == expected
