@@ -3,6 +3,8 @@
   .venv/bin/python benchmarks/task_difficulty.py                    # the embedded model
   .venv/bin/python benchmarks/task_difficulty.py --tasks gcd,lcm --per-task 50
   .venv/bin/python benchmarks/task_difficulty.py --easy     # EASY's tasks at EASY's levels
+  .venv/bin/python benchmarks/task_difficulty.py --easy --template "{question}
+  Answer with just the answer."                              # another prompt
 
 Draws `--per-task` test questions of each task (the seeded test split of
 `reasoning_gym/<task>`, data/suites.py), asks them with the reasoning-gym prompt format
@@ -15,6 +17,7 @@ Prints a Markdown table, then one JSON object as its last line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -58,12 +61,17 @@ def main() -> None:
   p.add_argument("--max-new-tokens", type=int, default=96)
   p.add_argument("--batch-size", type=int, default=24)
   p.add_argument("--easy", action="store_true", help="EASY's tasks at EASY's levels")
+  p.add_argument("--template", default=None,
+                 help="the prompt ({question} is the task's question; default: the tag "
+                      "instruction of evaluation/harness.py's reasoning_gym format)")
   args = p.parse_args()
   configs = EASY if args.easy else {}
   if args.easy:
     args.tasks = ",".join(EASY)
   model = zoo.load(args.model)
   fmt = harness.format_for("reasoning_gym")
+  if args.template:
+    fmt = dataclasses.replace(fmt, template=args.template)
   examples, skipped = [], {}
   for task in args.tasks.split(","):
     try:
@@ -88,6 +96,7 @@ def main() -> None:
     rows[task] = {"strict": strict[task]["greedy"], "lenient": lenient[task]["greedy"]}
     print(f"| {task} | {rows[task]['strict']:.2f} | {rows[task]['lenient']:.2f} |")
   print(json.dumps({"model": args.model, "per_task": args.per_task, "configs": configs,
+                    "template": fmt.template,
                     "max_new_tokens": args.max_new_tokens, "seconds": round(seconds, 1),
                     "cpu": cpu_info.describe(), "skipped": skipped, "tasks": rows}))
 

@@ -37,7 +37,9 @@ RESUME_RULES = harness.ResumeRules(
         # The log-probabilities in chunks of columns: the same values up to float rounding.
         "logprob_chunk",
         # How attention is computed, not what: the same values up to float rounding.
-        "attention"}),
+        "attention",
+        # Prompt padding: the same values up to float rounding.
+        "min_prompt_width"}),
     backward_defaults={
         "prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
         "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0, "potential_shaping": False,
@@ -48,7 +50,8 @@ RESUME_RULES = harness.ResumeRules(
         "skip_zero_advantage_rows": False, "pack_compile_ahead": 0, "compact_min_rows": 0,
         "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0,
         "attention": "auto", "continuous_slots": 0, "lora.rank": 0, "lora.alpha": 16.0,
-        "lora.targets": "all", "lora.dropout": 0.0, "lora.base_dtype": ""})
+        "lora.targets": "all", "lora.dropout": 0.0, "lora.base_dtype": "",
+        "min_prompt_width": 0})
 
 
 def setup_logging() -> None:
@@ -95,6 +98,10 @@ def validate_common(config) -> None:
   lr = config.optimizer.learning_rate
   if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
     raise ValueError(f"config.optimizer.learning_rate must be a finite number > 0, got {lr!r}")
+  width = config.get("min_prompt_width", 0)
+  if not (isinstance(width, int) and 0 <= width <= 1 << 20):
+    raise ValueError(f"config.min_prompt_width must be a whole number of tokens >= 0 (0: "
+                     f"each batch's longest prompt), got {width!r}")
   if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
     raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
                      f"got {config.prompt_overflow!r}")

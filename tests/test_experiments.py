@@ -22,7 +22,7 @@ from experiments.configs import (
 )
 from jaxrl_agents import registry, types
 from jaxrl_agents.models import zoo
-from jaxrl_agents.rollout import groups, packing, scoring, single_turn
+from jaxrl_agents.rollout import groups, packing, sampler, scoring, shapes, single_turn
 from jaxrl_agents.train import checkpointing, harness
 from jaxrl_agents.train import metrics as metrics_lib
 
@@ -568,6 +568,38 @@ def test_split_for_sampling_keeps_every_prompt():
   one = single_turn.split_for_sampling(tokens[:1], mask[:1], tok.pad_token_id)
   assert one[0] is None  # a single prompt shares nothing: sampled whole
   np.testing.assert_array_equal(one[1], tokens[:1])
+
+
+def test_min_prompt_width_gives_one_shape_and_the_same_replies(tiny_model):
+  """`min_prompt_width`: prompts of different lengths pad to one width (the sampler's suffixes
+  to that width less the shared prefix), longer prompts still fit, and greedy replies are
+  those of the batch's own width."""
+  tok = tiny_model.tokenizer
+  short = ["What is 1 plus 2?", "Is 5 odd?"]
+  long = ["What is 12 plus 30, and then 7 times 8, " * 3, "Then 9 minus 4, and 6 plus 6? " * 4]
+  system = "You are a careful calculator."  # a shared prefix the sampler prefills once
+  widths = {single_turn.encode(tok, p, chat=True, system=system)[0].shape[1]
+            for p in (short, long)}
+  assert len(widths) == 2  # without it, two programs
+  wide = max(widths)
+  for prompts in (short, long):
+    tokens, mask, _ = single_turn.encode(tok, prompts, chat=True, system=system, min_width=wide)
+    assert tokens.shape[1] == wide
+    prefix, suffix, _ = single_turn.split_for_sampling(tokens, mask, tok.pad_token_id, wide)
+    assert prefix is not None and len(prefix) >= 8
+    assert suffix.shape[1] == shapes.prompt_width(wide - len(prefix))  # whatever the prompts
+  tokens, _, _ = single_turn.encode(tok, long, chat=True, system=system, min_width=wide - 16)
+  assert tokens.shape[1] == wide  # a minimum, not a limit
+  examples = [{"question": q, "answer": "3"} for q in ("What is 1 plus 2?", "What is 9 minus 3?")]
+  sampling = sampler.SamplingConfig(
+      max_new_tokens=8, temperature=0.0, stop_tokens=(tok.eos_token_id,),
+      pad_id=tok.pad_token_id)
+  kw = dict(group_size=1, sampling=sampling, template="{question}", chat=True, system=system)
+  plain = single_turn.sample(tiny_model.params, tiny_model, examples, jax.random.key(0), **kw)
+  padded = single_turn.sample(tiny_model.params, tiny_model, examples, jax.random.key(0),
+                              min_prompt_width=wide + 32, **kw)
+  assert padded.traj.tokens.shape[1] > plain.traj.tokens.shape[1]
+  assert padded.completions == plain.completions
 
 
 def test_tiny_grpo_with_oversampling(tmp_path):

@@ -114,6 +114,10 @@ def _task_and_rewards(c: ml_collections.ConfigDict) -> None:
   # (names it, before anything compiles for JSONL data) or "truncate" (drops the
   # start of its longest message; counted as "prompts_truncated").
   c.prompt_overflow = "error"
+  # Prompts are left-padded to the batch's longest, rounded up to 16 columns: a task whose
+  # prompts vary in length compiles the sampler and the update once per width. A width
+  # here pads every batch to at least it (one program; longer prompts still fit).
+  c.min_prompt_width = 0
 
   # Rewards: registered reward names -> weights; the grader gives the accuracy.
   c.rewards = ml_collections.ConfigDict({"math_strict": 1.0, "short_reply": 0.2})

@@ -26,9 +26,11 @@ from experiments.configs import grpo_arithmetic
 # products (two 1-2 digit factors) 0-0.12 with this prompt (0.25-0.50 with others, on 8
 # questions); chain_sum, leg_counting, letter_counting, spell_backward and most others
 # 0-0.04 even at easy levels.
-MIX = "reasoning_gym/gcd,products,calendar_arithmetic,syllogism"
-LEVELS = {"gcd": {"min_value": 1, "max_value": 100},
-          "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}
+MIX = "reasoning_gym/products,basic_arithmetic,syllogism"
+LEVELS = {"products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+          "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                               "operators": ["+", "-", "*"], "allow_parentheses": False,
+                               "allow_negation": False}}
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
@@ -40,7 +42,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # training split drawn with another seed, the test questions left out of it.
   c.task_options = ml_collections.ConfigDict(dict(
       train_size=5000, train_seed=0, test_size=200, test_seed=1_000_003, configs=LEVELS))
-  c.prompt_template = "{question}\nPut your final answer inside <answer></answer> tags."
+  c.prompt_template = "{question}\nAnswer with just the answer."
   # The embedded model does not write the tags (0 of 672 replies): the reward and the
   # accuracy read the tag, else what the last line states ("The answer is 6.", "... = 6"),
   # scored by the task's own score_answer; the strict (tag-only) figure comes from
@@ -48,7 +50,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.rewards = ml_collections.ConfigDict({"reasoning_gym_lenient": 1.0})
   c.grader = "reasoning_gym_solved_lenient"
   c.eval_size = 200
-  c.max_new_tokens = 96
+  c.max_new_tokens = 64
+  # The mix's prompts are 44-79 tokens: every batch padded to 80 columns compiles the
+  # sampler and the update for one prompt width, not three.
+  c.min_prompt_width = 80
   # 30 minutes of training (rollouts and updates), held-out evaluations every 10 minutes
   # and at the end; the learning rate's cosine decay runs over the 30 minutes.
   c.time_budget_s = 1800.0

@@ -105,7 +105,7 @@ def template_ids(tokenizer, template: str, example: Mapping[str, Any]
   return ids, spans
 
 
-def _fit_all(rows, limit: int | None, overflow: str, pad_id: int):
+def _fit_all(rows, limit: int | None, overflow: str, pad_id: int, min_width: int = 0):
   ids, truncated = [], []
   for i, (row, spans) in enumerate(rows):
     if limit is not None:
@@ -114,32 +114,33 @@ def _fit_all(rows, limit: int | None, overflow: str, pad_id: int):
       cut = False
     ids.append(row)
     truncated.append(cut)
-  return (*_pad_prompts(ids, pad_id), np.asarray(truncated, bool))
+  return (*_pad_prompts(ids, pad_id, min_width), np.asarray(truncated, bool))
 
 
 def encode(tokenizer, prompts: Sequence[str], *, chat: bool, system: str | None,
-           limit: int | None = None, overflow: str = "error"
+           limit: int | None = None, overflow: str = "error", min_width: int = 0
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Left-padded int32[B, Lp] tokens and mask of prompt strings (Lp: `shapes.prompt_width`),
-  and bool[B] which were truncated to `limit` tokens (PROMPT_OVERFLOW). The strings are data:
-  special-token text in them stays text."""
+  """Left-padded int32[B, Lp] tokens and mask of prompt strings (Lp: `shapes.prompt_width`
+  of the longest, at least `min_width`), and bool[B] which were truncated to `limit` tokens
+  (PROMPT_OVERFLOW). The strings are data: special-token text in them stays text."""
   rows = [tokenizer_lib.encode_chat(tokenizer, p, system) if chat
           else (ids := tokenizer_lib.plain_ids(tokenizer, p), [(0, len(ids))]) for p in prompts]
-  return _fit_all(rows, limit, overflow, tokenizer.pad_token_id)
+  return _fit_all(rows, limit, overflow, tokenizer.pad_token_id, min_width)
 
 
 def encode_examples(tokenizer, examples: Sequence[Mapping[str, Any]], template: str, *,
                     chat: bool, system: str | None, limit: int | None = None,
-                    overflow: str = "error") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    overflow: str = "error", min_width: int = 0
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """`encode` of task examples through the prompt template: with chat, the formatted
   message is the user turn's content; without, the template's text keeps its markup and
   only the fields are plain text (`template_ids`)."""
   if chat:
     return encode(tokenizer, format_prompts(examples, template), chat=True, system=system,
-                  limit=limit, overflow=overflow)
+                  limit=limit, overflow=overflow, min_width=min_width)
   format_prompts(examples, template)  # names a missing field
   rows = [template_ids(tokenizer, template, ex) for ex in examples]
-  return _fit_all(rows, limit, overflow, tokenizer.pad_token_id)
+  return _fit_all(rows, limit, overflow, tokenizer.pad_token_id, min_width)
 
 
 def context_limit(model: zoo.Model, max_new_tokens: int) -> int:
@@ -147,22 +148,26 @@ def context_limit(model: zoo.Model, max_new_tokens: int) -> int:
   return model.cfg.max_seq_len - max_new_tokens
 
 
-def _pad_prompts(ids: list[list[int]], pad_id: int):
-  return tokenizer_lib.pad_left(ids, pad_id, shapes.prompt_width(max(len(s) for s in ids)))
+def _pad_prompts(ids: list[list[int]], pad_id: int, min_width: int = 0):
+  width = shapes.prompt_width(max(max(len(s) for s in ids), min_width))
+  return tokenizer_lib.pad_left(ids, pad_id, width)
 
 
-def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int
-                       ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+def split_for_sampling(tokens: np.ndarray, mask: np.ndarray, pad_id: int,
+                       min_width: int = 0) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
   """(shared prefix or None, suffix tokens, suffix mask) of `encode`'s prompts for `generate`.
 
   The chat template's system prompt starts every prompt: the sampler prefills
-  it once for the batch (`prefix_tokens`) and the rows only their own part.
+  it once for the batch (`prefix_tokens`) and the rows only their own part. With
+  `min_width` (`encode`'s), the suffixes fill the prompts' width less the prefix: a
+  fixed prompt width gives the sampler one shape per prefix length.
   """
   ids = [row[m].tolist() for row, m in zip(tokens, mask, strict=True)]
   prefix, suffixes = sampler_lib.split_shared_prefix(ids)
   if not prefix:
     return None, tokens, mask
-  return np.asarray(prefix, np.int32), *_pad_prompts(suffixes, pad_id)
+  suffix_width = tokens.shape[1] - len(prefix) if min_width else 0
+  return np.asarray(prefix, np.int32), *_pad_prompts(suffixes, pad_id, suffix_width)
 
 
 def trimmed_width(lengths: np.ndarray, max_new_tokens: int,
@@ -177,22 +182,24 @@ def trimmed_width(lengths: np.ndarray, max_new_tokens: int,
 
 
 def _encode_for_sampling(model: zoo.Model, examples, sampling: sampler_lib.SamplingConfig,
-                         template: str, chat: bool, system: str | None, overflow: str):
+                         template: str, chat: bool, system: str | None, overflow: str,
+                         min_width: int = 0):
   """`encode_examples` with the prompts fitted to leave room for the reply budget."""
   return encode_examples(model.tokenizer, examples, template, chat=chat, system=system,
-                         limit=context_limit(model, sampling.max_new_tokens), overflow=overflow)
+                         limit=context_limit(model, sampling.max_new_tokens), overflow=overflow,
+                         min_width=min_width)
 
 
 def likely_trajectory(model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
                       group_size: int, sampling: sampler_lib.SamplingConfig, template: str,
-                      chat: bool, system: str | None, overflow: str = "error"
-                      ) -> types.Trajectory:
+                      chat: bool, system: str | None, overflow: str = "error",
+                      min_prompt_width: int = 0) -> types.Trajectory:
   """The shapes (`jax.ShapeDtypeStruct`s) `sample`'s trajectory will most likely have, before
   sampling: the prompts' width, and the whole reply budget (an untrained policy's longest
   reply in a group usually reaches it). What the update can compile for ahead of time
   (`precompile.py`)."""
   tokens, _, _ = _encode_for_sampling(model, examples, sampling, template, chat, system,
-                                      overflow)
+                                      overflow, min_prompt_width)
   rows, n = len(examples) * group_size, sampling.max_new_tokens
   spec = lambda width, dtype: jax.ShapeDtypeStruct((rows, width), dtype)
   return jax.eval_shape(types.single_turn, spec(tokens.shape[1], jnp.int32),
@@ -202,24 +209,28 @@ def likely_trajectory(model: zoo.Model, examples: Sequence[Mapping[str, Any]], *
 
 def sample(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng: jax.Array, *,
            group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
-           system: str | None, overflow: str = "error", continuous_slots: int = 0) -> Samples:
+           system: str | None, overflow: str = "error", continuous_slots: int = 0,
+           min_prompt_width: int = 0) -> Samples:
   """Samples `group_size` completions per example (one prefill per example).
 
   Rows are example-major: rows [i * G, (i + 1) * G) are example i's group.
-  Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW).
+  Prompts are checked against the model's context first (`overflow`: PROMPT_OVERFLOW),
+  and padded to at least `min_prompt_width` columns (one compiled shape for prompts of
+  several lengths).
   `continuous_slots` > 0: the rows decode that many at a time through continuous
   batching (`rollout/continuous.py`), each row drawing from its own key, a row that is
   done making room for the next.
   """
   unique_prompts = format_prompts(examples, template)
   unique_tokens, unique_mask, truncated = _encode_for_sampling(
-      model, examples, sampling, template, chat, system, overflow)
+      model, examples, sampling, template, chat, system, overflow, min_prompt_width)
   if continuous_slots:
     out = _sample_continuous(params, model, unique_tokens, unique_mask, rng, group_size,
                              sampling, continuous_slots)
   else:
     prefix, gen_tokens, gen_mask = split_for_sampling(unique_tokens, unique_mask,
-                                                      model.tokenizer.pad_token_id)
+                                                      model.tokenizer.pad_token_id,
+                                                      min_prompt_width)
     # On a mesh the prompts' rows split over data x fsdp like the params' batch (each
     # device samples its share; jit propagates the layout to the completions).
     gen_tokens, gen_mask = sharding.shard_batch((gen_tokens, gen_mask),
@@ -268,11 +279,12 @@ def rollout(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], rng
             group_size: int, sampling: sampler_lib.SamplingConfig, template: str, chat: bool,
             system: str | None, reward_fn: RewardFn,
             grader: Callable[[Sequence[str], Sequence[Mapping]], np.ndarray],
-            overflow: str = "error", continuous_slots: int = 0) -> Rollout:
+            overflow: str = "error", continuous_slots: int = 0,
+            min_prompt_width: int = 0) -> Rollout:
   """`single_turn.sample`, then the rewards and the grader's verdicts of the completions."""
   s = sample(params, model, examples, rng, group_size=group_size, sampling=sampling,
              template=template, chat=chat, system=system, overflow=overflow,
-             continuous_slots=continuous_slots)
+             continuous_slots=continuous_slots, min_prompt_width=min_prompt_width)
   total, components = reward_fn(s.completions, s.examples)
   total = np.asarray(total, np.float32)
   return Rollout(traj=types.with_outcome(s.traj, total), examples=s.examples, prompts=s.prompts,
@@ -323,7 +335,8 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
   sampling = sampling_from_config(config, model.tokenizer)
   prompt_kwargs = dict(template=config.prompt_template, chat=config.chat,
                        system=config.get("system_prompt") or None,
-                       overflow=config.get("prompt_overflow", "error"))
+                       overflow=config.get("prompt_overflow", "error"),
+                       min_prompt_width=config.get("min_prompt_width", 0))
   shaping = config.get("reward_shaping", None)
   # PAR's references come from the initial policy, kept apart: the train state
   # may donate (and so delete) the initial params at its first update.
@@ -361,7 +374,8 @@ def single_turn_collector(config, model: zoo.Model, *, reward_fn: RewardFn, grad
 def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
              batch_size: int, max_new_tokens: int, template: str, chat: bool,
              system: str | None, reward_fn: RewardFn, grader, overflow: str = "error",
-             compact_min_rows: int = 0, continuous_slots: int = 0) -> tuple[dict, list[dict]]:
+             compact_min_rows: int = 0, continuous_slots: int = 0,
+             min_prompt_width: int = 0) -> tuple[dict, list[dict]]:
   """Greedy completions of held-out examples: accuracy, rewards, lengths; and the samples.
   `compact_min_rows`: the SamplingConfig's (decoding goes on with the unfinished rows).
   `continuous_slots` > 0: every example in one queue through that many slots
@@ -373,7 +387,8 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
   if continuous_slots:  # one queue
     s = sample(params, model, list(examples), jax.random.key(0), group_size=1,
                sampling=sampling, template=template, chat=chat, system=system,
-               overflow=overflow, continuous_slots=continuous_slots)
+               overflow=overflow, continuous_slots=continuous_slots,
+               min_prompt_width=min_prompt_width)
     completions, used = s.completions, list(examples)
     prompts_truncated = int(s.prompts_truncated.sum())
   else:
@@ -381,7 +396,7 @@ def evaluate(params, model: zoo.Model, examples: Sequence[Mapping[str, Any]], *,
     for _, n, padded in padded_batches(examples, batch_size):
       s = sample(params, model, padded, jax.random.key(0), group_size=1,
                  sampling=sampling, template=template, chat=chat, system=system,
-                 overflow=overflow)
+                 overflow=overflow, min_prompt_width=min_prompt_width)
       completions += s.completions[:n]
       used += padded[:n]
       prompts_truncated += int(s.prompts_truncated[:n].sum())  # not the padding
