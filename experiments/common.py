@@ -39,7 +39,9 @@ RESUME_RULES = harness.ResumeRules(
         # How attention is computed, not what: the same values up to float rounding.
         "attention",
         # Prompt padding: the same values up to float rounding.
-        "min_prompt_width"}),
+        "min_prompt_width",
+        # What the held-out evaluation also measures, not what is trained.
+        "eval_sampling.k", "eval_sampling.temperature", "eval_sampling.top_p"}),
     backward_defaults={
         "prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
         "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0, "potential_shaping": False,
@@ -51,7 +53,8 @@ RESUME_RULES = harness.ResumeRules(
         "ema_decay": 0.0, "resample_rounds": 0, "logprob_chunk": 0,
         "attention": "auto", "continuous_slots": 0, "lora.rank": 0, "lora.alpha": 16.0,
         "lora.targets": "all", "lora.dropout": 0.0, "lora.base_dtype": "",
-        "min_prompt_width": 0})
+        "min_prompt_width": 0, "eval_sampling.k": 0, "eval_sampling.temperature": 0.8,
+        "eval_sampling.top_p": 1.0})
 
 
 def setup_logging() -> None:
@@ -361,7 +364,42 @@ def episodes(config, model: zoo.Model, credit=None):
   reward_fn, grader = distributed.split_rows(reward_fn), distributed.split_rows(grader)
   collect, evaluate = single_turn.single_turn_collector(config, model, reward_fn=reward_fn,
                                                     grader=grader, eval_examples=eval_examples)
+  if evaluate is not None and config.get("eval_sampling", {}).get("k", 0):
+    evaluate = with_sampled_evaluation(evaluate, config, model, eval_examples)
   return collect, evaluate, loader
+
+
+def with_sampled_evaluation(evaluate, config, model: zoo.Model, eval_examples):
+  """`evaluate` (greedy) followed by the evaluation harness's sampled metrics on the same
+  held-out questions: config.eval_sampling.k replies a question at its temperature and
+  top-p, graded by config.grader; pass@1, pass@k (the unbiased estimator), maj@k and
+  mean@k join the record, each with its standard error (evaluation/harness.py)."""
+  from jaxrl_agents.evaluation import harness as eval_harness
+
+  sampled = config.eval_sampling
+  fmt = eval_harness.TaskFormat(template=config.prompt_template, graders=(config.grader,),
+                                system=config.get("system_prompt") or None, chat=config.chat)
+  settings = eval_harness.EvalSettings(
+      greedy=False, k=sampled.k, temperature=sampled.temperature, top_p=sampled.top_p,
+      max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size,
+      seed=config.seed, grader_time_limit_s=config.get("reward_time_limit_s", 10.0))
+
+  def evaluate_with_samples(params):
+    record, samples = evaluate(params)
+    result, _ = eval_harness.evaluate(params, model, eval_examples, fmt, settings,
+                                      progress=False)
+    metrics = result["graders"][config.grader]
+    k = sampled.k
+    for name, key in (("pass@1", "pass@1"), (f"pass@{k}", "pass@k"), (f"maj@{k}", "maj@k"),
+                      (f"mean@{k}", "mean@k")):
+      if key not in metrics:
+        continue  # maj@k needs the grader's answer reading (harness.READERS)
+      record[name] = metrics[key]["mean"]
+      record[f"{name}_se"] = metrics[key]["se"]
+    record["sampled_eval_time_s"] = result["seconds"]["sampled"]
+    return record, samples
+
+  return evaluate_with_samples
 
 
 COMPILATION_CACHE_NAME = ".jax_compilation_cache"
@@ -450,6 +488,18 @@ def _validate_episodes(config) -> None:
         raise ValueError(f"config.{key} must be > 0, got {config[key]}")
   elif not config.task and not config.jsonl_path:
     raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
+  sampled = config.get("eval_sampling", None)
+  if sampled is not None:
+    k = sampled.get("k", 0)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+      raise ValueError(f"config.eval_sampling.k must be 0 (greedy only) or the number of "
+                       f"sampled replies a held-out question, got {k!r}")
+    if k and config.get("env"):
+      raise ValueError("config.eval_sampling samples single-turn replies to held-out "
+                       "questions; an environment run evaluates greedy episodes (set k=0)")
+    if k and not (sampled.temperature > 0 and 0 < sampled.top_p <= 1):
+      raise ValueError(f"config.eval_sampling needs temperature > 0 and top_p in (0, 1], got "
+                       f"{sampled.temperature} and {sampled.top_p}")
 
 
 def _validate_off_policy(config) -> None:

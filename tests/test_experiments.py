@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import grpo, ppo
+from experiments import common, grpo, ppo
 from experiments.configs import (
   grpo_arithmetic,
   grpo_frozen_lake,
@@ -600,6 +600,43 @@ def test_min_prompt_width_gives_one_shape_and_the_same_replies(tiny_model):
                               min_prompt_width=wide + 32, **kw)
   assert padded.traj.tokens.shape[1] > plain.traj.tokens.shape[1]
   assert padded.completions == plain.completions
+
+
+def test_periodic_evaluation_adds_the_harness_sampled_metrics(tmp_path):
+  """config.eval_sampling.k: each evaluation record carries the harness's pass@1, pass@k and
+  mean@k (with SEs) on the held-out questions, equal to `harness.evaluate` run by hand on
+  the same policy with the same settings."""
+  from jaxrl_agents.evaluation import harness as eval_harness
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every = 1, 1
+  config.grader = "test_first_char_parity"  # the tiny random model's replies: half pass
+  config.eval_sampling.update(k=3, temperature=1.0)
+  with registry.registered("reward", "test_first_char_parity", _first_char_parity):
+    grpo.train(config, str(tmp_path), progress=False)
+  evals = _records(str(tmp_path), "eval")
+  assert [r["step"] for r in evals] == [0, 1]
+  for r in evals:
+    assert 0 <= r["pass@1"] <= r["pass@3"] <= 1 and r["mean@3"] >= r["pass@1"]
+    assert r["pass@3_se"] >= 0 and r["sampled_eval_time_s"] > 0
+  model = zoo.load("tiny")
+  _, eval_examples = common.task_examples(config)
+  fmt = eval_harness.TaskFormat(config.prompt_template, ("test_first_char_parity",),
+                                chat=config.chat)
+  with registry.registered("reward", "test_first_char_parity", _first_char_parity):
+    by_hand, _ = eval_harness.evaluate(
+        model.params, model, eval_examples, fmt,
+        eval_harness.EvalSettings(greedy=False, k=3, temperature=1.0,
+                                  max_new_tokens=config.max_new_tokens,
+                                  batch_size=config.eval_batch_size, seed=config.seed),
+        progress=False)
+  by_hand = by_hand["graders"]["test_first_char_parity"]
+  assert 0 < by_hand["pass@1"]["mean"] < 1  # verdicts that vary: not a trivial check
+  for name, key in (("pass@1", "pass@1"), ("pass@3", "pass@k"), ("mean@3", "mean@k")):
+    assert evals[0][name] == pytest.approx(by_hand[key]["mean"])
+  config.grader, config.eval_sampling.k = "math_strict", -1
+  with pytest.raises(ValueError, match="eval_sampling.k must be 0"):
+    grpo.validate(config)
 
 
 def test_tiny_grpo_with_oversampling(tmp_path):

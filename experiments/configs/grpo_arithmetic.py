@@ -294,6 +294,10 @@ def _devices_and_run(c: ml_collections.ConfigDict) -> None:
   # Logging, evaluation, checkpoints.
   c.eval_every = 25
   c.eval_batch_size = 32
+  # Beside the greedy accuracy, k sampled replies a held-out question through the
+  # evaluation harness (evaluation/harness.py): pass@1, pass@k, maj@k and mean@k with their
+  # standard errors in each evaluation record. 0: greedy only.
+  c.eval_sampling = ml_collections.ConfigDict(dict(k=0, temperature=0.8, top_p=1.0))
   c.checkpoint_every = 10
   c.keep_checkpoints = 3
   c.sample_every = 5
