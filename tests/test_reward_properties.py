@@ -52,7 +52,8 @@ _RANGES = {"length_penalty": (-math.inf, 0.0)}
 _UNIT_RANGE = {"countdown", "countdown_format", "format_answer_only", "format_boxed",
                "last_integer", "math_lenient", "math_strict", "short_reply",
                "multiple_choice", "multiple_choice_lenient", "reasoning_gym",
-               "reasoning_gym_lenient", "reasoning_gym_solved", "reasoning_gym_solved_lenient"}
+               "reasoning_gym_lenient", "reasoning_gym_solved", "reasoning_gym_solved_lenient",
+               "reasoning_gym_solved_exact"}
 MAX_CHARS = 20_000
 # Per call on MAX_CHARS characters; measured at under 5 ms on a 2-core machine.
 TIME_BOUND_S = 0.5

@@ -27,7 +27,8 @@ def test_every_reward_is_registered():
       "countdown", "countdown_format", "format_answer_only", "format_boxed", "last_integer",
       "length_penalty", "math_lenient", "math_strict", "multiple_choice",
       "multiple_choice_lenient", "reasoning_gym", "reasoning_gym_lenient",
-      "reasoning_gym_solved", "reasoning_gym_solved_lenient", "reward_model", "short_reply"])
+      "reasoning_gym_solved", "reasoning_gym_solved_exact", "reasoning_gym_solved_lenient",
+      "reward_model", "short_reply"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -121,6 +121,27 @@ def test_the_reward_is_reasoning_gyms_own_scorer_on_the_tagged_answer():
 
 
 @pytest.mark.parametrize("reply, expected", [
+    ("12", "12"), (" 12. \n", "12"), ("**Yes**", "Yes"), ("The answer is 12.", "The answer is 12"),
+    ("12\n13", None), ("", None), ("  .  ", None)])
+def test_the_exact_reading_takes_a_one_line_reply_whole(reply, expected):
+  assert suite_rewards.whole_reply(reply) == expected
+
+
+def test_the_exact_grader_credits_only_a_reply_that_is_the_answer():
+  rows = list(data.load_task("reasoning_gym/products,gcd,syllogism", "test", test_size=30))
+  exact = registry.get("reward", "reasoning_gym_solved_exact")
+  lenient = registry.get("reward", "reasoning_gym_solved_lenient")
+  alone = [f"{r['answer']}." for r in rows]
+  stated = [f"The answer is {r['answer']}." for r in rows]
+  worked = [f"Let me see.\n{r['answer']}" for r in rows]
+  np.testing.assert_array_equal(exact(alone, rows), 1.0)
+  np.testing.assert_array_equal(lenient(stated, rows), 1.0)
+  np.testing.assert_array_equal(exact(stated, rows), 0.0)
+  np.testing.assert_array_equal(exact(worked, rows), 0.0)
+  np.testing.assert_array_equal(lenient(worked, rows), 1.0)
+
+
+@pytest.mark.parametrize("reply, expected", [
     ("<answer>42</answer>", "42"), ("a <answer> 1 </answer> b <answer>2</answer>", "2"),
     ("<answer>x", None), ("</answer>", None), ("no tags", None),
     ("<answer>\nmulti\nline\n</answer> trailing", "multi\nline")])
@@ -136,6 +157,7 @@ def test_readers_are_fast_on_hostile_replies(hostile):
   start = time.perf_counter()
   suite_rewards.tagged_answer(hostile)
   suite_rewards.last_line(hostile)
+  suite_rewards.whole_reply(hostile)
   suite_rewards.strict_letter(hostile)
   suite_rewards.lenient_letter(hostile)
   assert time.perf_counter() - start < 2.0

@@ -47,7 +47,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   # accuracy read the tag, else what the last line states ("The answer is 6.", "... = 6"),
   # scored by the task's own score_answer; the strict (tag-only) figure comes from
   # `tools.evaluate` on the run.
-  c.rewards = ml_collections.ConfigDict({"reasoning_gym_lenient": 1.0})
+  c.rewards = ml_collections.ConfigDict({"reasoning_gym_lenient": 1.0, "short_reply": 0.2})
   c.grader = "reasoning_gym_solved_lenient"
   c.eval_size = 200
   c.max_new_tokens = 64

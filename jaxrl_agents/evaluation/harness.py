@@ -75,6 +75,14 @@ FORMATS: dict[str, TaskFormat] = {
         extraction="strict: the last <answer>...</answer>; lenient: that, else what the "
                    "last line states ('The answer is X.' reads X); graded by reasoning-gym's "
                    "score_answer, full credit"),
+    # The prompt the GRPO mix trains with (experiments/configs/grpo_reasoning_gym.py): the
+    # embedded model never writes the tags above, and answers this one in a line or two.
+    "reasoning_gym_plain": TaskFormat(
+        "{question}\nAnswer with just the answer.",
+        ("reasoning_gym_solved_exact", "reasoning_gym_solved_lenient"),
+        extraction="strict: the whole reply, one line, is the answer; lenient: the last "
+                   "<answer> tag, else what the last line states ('The answer is X.' reads "
+                   "X); graded by reasoning-gym's score_answer, full credit"),
     "arithmetic": TaskFormat("{question} Answer with just the number.",
                              ("math_strict", "math_lenient"), extraction="as gsm8k"),
 }
@@ -90,6 +98,7 @@ READERS: dict[str, Callable[[str], Any]] = {
     "reasoning_gym_solved": suites.tagged_answer,
     "reasoning_gym_lenient": suites.tagged_or_last_line,
     "reasoning_gym_solved_lenient": suites.tagged_or_last_line,
+    "reasoning_gym_solved_exact": suites.whole_reply,
 }
 
 

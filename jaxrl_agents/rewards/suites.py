@@ -6,6 +6,7 @@
 | reasoning_gym_lenient  | the same on the tagged answer, else on the last line's statement      |
 | reasoning_gym_solved   | 1 where `reasoning_gym` gives full credit (a grader: accuracy)        |
 | reasoning_gym_solved_lenient | 1 where `reasoning_gym_lenient` gives full credit               |
+| reasoning_gym_solved_exact | 1 where the whole reply, alone on one line, gets full credit      |
 | multiple_choice        | 1 when the reply ends stating a letter ("Answer: B") equal to "answer" |
 | multiple_choice_lenient| 1 when the last standalone letter A-D equals "answer"                  |
 
@@ -83,6 +84,20 @@ def tagged_or_last_line(text: str) -> str | None:
   return tagged_answer(text) or last_line(text)
 
 
+def whole_reply(text: str) -> str | None:
+  """The reply itself when it is one line (markdown, quotes and a final period around it
+  removed): the strict reading of a prompt that asks for just the answer. "12." and
+  "**Yes**" read "12" and "Yes"; "The answer is 12." reads itself (a scorer gives it
+  nothing); a reply of several lines reads None."""
+  text = text.strip()
+  if not text or "\n" in text:
+    return None
+  text = text.strip(_WRAPPING)
+  if text.endswith("."):
+    text = text[:-1].strip(_WRAPPING)
+  return text or None
+
+
 @functools.cache
 def _scorer(task: str):
   from jaxrl_agents.data import suites
@@ -151,6 +166,15 @@ def reasoning_gym_solved_lenient_reward(completions: Sequence[str],
   """1 where `reasoning_gym_lenient` gives full credit, else 0."""
   return as_rewards(np.asarray(_score(tagged_or_last_line, "reasoning_gym_solved_lenient",
                                       completions, examples)) >= 1.0)
+
+
+@registry.register("reward", "reasoning_gym_solved_exact")
+def reasoning_gym_solved_exact_reward(completions: Sequence[str],
+                                      examples: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """1 where the task's scorer gives full credit to the whole reply (`whole_reply`), else 0:
+  the strict grader of a prompt that asks for just the answer."""
+  return as_rewards(np.asarray(_score(whole_reply, "reasoning_gym_solved_exact", completions,
+                                      examples)) >= 1.0)
 
 
 def strict_letter(text: str) -> str | None:

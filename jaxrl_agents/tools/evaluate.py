@@ -4,6 +4,7 @@ r"""Evaluate a model, a training run or an exported directory on a task.
   python -m jaxrl_agents.tools.evaluate --task gsm8k --workdir runs/grpo --k 8 --temperature 0.8
   python -m jaxrl_agents.tools.evaluate --task reasoning_gym/chain_sum,gcd --model /tmp/hf_dir \
       --task-option size=200 --task-option seed=1000003
+  python -m jaxrl_agents.tools.evaluate --task reasoning_gym/products --format reasoning_gym_plain
 
 Greedy accuracy, and with --k: pass@1, pass@k (unbiased), maj@k and mean@k, under the task's
 strict and lenient graders, each with its standard error and a bootstrap 95% interval,
@@ -48,7 +49,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--max-new-tokens", type=int, default=256)
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--template", default=None, help="override the task's prompt template")
+  p.add_argument("--format", default=None,
+                 help="a prompt format of evaluation/harness.py's FORMATS, with its graders "
+                      "(default: the task family's; reasoning_gym_plain: 'Answer with just "
+                      "the answer.', read whole and leniently)")
+  p.add_argument("--template", default=None, help="override the format's prompt template")
   p.add_argument("--out", default=None, help="the result JSON's path")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   return p.parse_args(argv)
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
   from jaxrl_agents.evaluation import harness
 
   try:
-    fmt = harness.format_for(args.task)
+    fmt = harness.format_for(args.format or args.task)
   except KeyError as e:
     raise SystemExit(str(e)) from None
   if args.template:
