@@ -50,7 +50,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.rewards = ml_collections.ConfigDict({"reasoning_gym_lenient": 1.0, "short_reply": 0.2})
   c.grader = "reasoning_gym_solved_lenient"
   c.eval_size = 200
-  c.max_new_tokens = 64
+  # Replies of up to 32 tokens: the answers this prompt asks for take 2-20; with 64, a
+  # fifth to a third of the replies ran to the limit unanswered and steps took twice as
+  # long (docs/evaluation.md#learning).
+  c.max_new_tokens = 32
   # The mix's prompts are 44-79 tokens: every batch padded to 80 columns compiles the
   # sampler and the update for one prompt width, not three.
   c.min_prompt_width = 80
