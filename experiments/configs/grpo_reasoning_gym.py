@@ -5,13 +5,16 @@ r"""GRPO on a mix of reasoning-gym tasks, rewarded and graded by reasoning-gym's
 
 Task: `reasoning_gym/<tasks>` (data/suites.py): the generators of the tasks in MIX, drawn
 by weight, train and test split by seed with no test question in training. The prompt asks
-for the answer inside <answer></answer> tags; the reward is the task's own `score_answer`
-on the last tag (partial credit as the task gives it), the held-out accuracy counts full
-credit (`reasoning_gym_solved`). Needs `pip install 'jaxrl_agents[tasks]'`.
+for just the answer; the reward is the task's own `score_answer` on what the reply states
+(partial credit as the task gives it) plus 0.2 for a short reply, the held-out accuracy
+counts full credit (`reasoning_gym_solved_lenient`). Needs
+`pip install 'jaxrl_agents[tasks]'`.
 
 The mix: the tasks whose greedy held-out accuracy with the embedded model lies between
-about 0.1 and 0.5 (docs/evaluation.md, "Choosing the mix"). Other tasks:
-`--config.task=reasoning_gym/gcd,lcm` (options in `--config.task_options.*`).
+about 0.1 and 0.5 with this prompt (docs/evaluation.md, "Choosing the mix"). Other tasks:
+`--config.task=reasoning_gym/gcd,lcm` (options in `--config.task_options.*`). Evaluate a
+run with `tools.evaluate --workdir ... --format reasoning_gym_plain` (the strict reading
+too: the whole reply is the answer).
 
 Variants: `:tiny` (the tiny random model, 3 steps: every artifact).
 """
@@ -20,12 +23,11 @@ import ml_collections
 
 from experiments.configs import grpo_arithmetic
 
-# Chosen by measurement (benchmarks/task_difficulty.py, docs/evaluation.md): greedy
-# held-out accuracy of the embedded model, lenient reading, 24-48 questions a task:
-# gcd (values to 100) 0.29-0.42, calendar_arithmetic 0.12-0.38, syllogism 0.17-0.25,
-# products (two 1-2 digit factors) 0-0.12 with this prompt (0.25-0.50 with others, on 8
-# questions); chain_sum, leg_counting, letter_counting, spell_backward and most others
-# 0-0.04 even at easy levels.
+# Chosen by measurement (benchmarks/task_difficulty.py --easy --template ..., docs/evaluation.md):
+# greedy held-out accuracy of the embedded model with this prompt, lenient reading, 32
+# questions a task: products (two 1-2 digit factors) 0.44, basic_arithmetic (two 1-2 digit
+# terms) 0.28, syllogism 0.16; aiw, calendar_arithmetic, chain_sum 0.03, gcd, lcm,
+# leg_counting, letter_counting, spell_backward and the others 0.
 MIX = "reasoning_gym/products,basic_arithmetic,syllogism"
 LEVELS = {"products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
           "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
@@ -43,10 +45,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
   c.task_options = ml_collections.ConfigDict(dict(
       train_size=5000, train_seed=0, test_size=200, test_seed=1_000_003, configs=LEVELS))
   c.prompt_template = "{question}\nAnswer with just the answer."
-  # The embedded model does not write the tags (0 of 672 replies): the reward and the
-  # accuracy read the tag, else what the last line states ("The answer is 6.", "... = 6"),
-  # scored by the task's own score_answer; the strict (tag-only) figure comes from
-  # `tools.evaluate` on the run.
+  # The reward and the accuracy read a tag if there is one, else what the last line states
+  # ("12", "The answer is 12.", "3 * 4 = 12"), scored by the task's own score_answer; the
+  # short-reply bonus moves the policy from explanations to answers (with the reward
+  # alone, no gain in 10 minutes: docs/evaluation.md#learning).
   c.rewards = ml_collections.ConfigDict({"reasoning_gym_lenient": 1.0, "short_reply": 0.2})
   c.grader = "reasoning_gym_solved_lenient"
   c.eval_size = 200
