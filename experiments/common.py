@@ -41,7 +41,7 @@ RESUME_RULES = harness.ResumeRules(
         # Prompt padding: the same values up to float rounding.
         "min_prompt_width",
         # What the held-out evaluation also measures, not what is trained.
-        "eval_sampling.k", "eval_sampling.temperature", "eval_sampling.top_p"}),
+        "eval_sampling.k", "eval_sampling.temperature", "eval_sampling.top_p", "eval_task"}),
     backward_defaults={
         "prompt_overflow": "error", "env": "", "turn_credit.name": "episode",
         "turn_credit.gamma": 1.0, "turn_credit.step_weight": 1.0, "potential_shaping": False,
@@ -54,7 +54,7 @@ RESUME_RULES = harness.ResumeRules(
         "attention": "auto", "continuous_slots": 0, "lora.rank": 0, "lora.alpha": 16.0,
         "lora.targets": "all", "lora.dropout": 0.0, "lora.base_dtype": "",
         "min_prompt_width": 0, "eval_sampling.k": 0, "eval_sampling.temperature": 0.8,
-        "eval_sampling.top_p": 1.0})
+        "eval_sampling.top_p": 1.0, "eval_task": ""})
 
 
 def setup_logging() -> None:
@@ -218,7 +218,10 @@ def task_examples(config):
   options = config.get("task_options", None)
   options = options.to_dict() if hasattr(options, "to_dict") else dict(options or {})
   train = data_lib.load_task(config.task, "train", **options)
-  held_out = data_lib.load_task(config.task, config.eval_split, **options)
+  if config.get("eval_task"):  # held-out questions from another task, at its defaults
+    held_out = data_lib.load_task(config.eval_task, config.eval_split)
+  else:
+    held_out = data_lib.load_task(config.task, config.eval_split, **options)
   n = min(config.eval_size, len(held_out))
   return train, [held_out[i] for i in range(n)]
 
@@ -488,6 +491,16 @@ def _validate_episodes(config) -> None:
         raise ValueError(f"config.{key} must be > 0, got {config[key]}")
   elif not config.task and not config.jsonl_path:
     raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
+  eval_task = config.get("eval_task", "")
+  if eval_task and (config.get("env") or config.jsonl_path):
+    raise ValueError("config.eval_task replaces config.task's held-out questions; with an "
+                     "environment or JSONL data set it to ''")
+  if eval_task == "gsm8k" and "gsm_symbolic" in config.task:
+    # GSM-Symbolic (Mirzadeh et al. 2024) made its templates from GSM8K test questions:
+    # reasoning-gym's generate_0 is the test question "Emily can peel 6 shrimp a minute...".
+    raise ValueError("config.task draws reasoning-gym's gsm_symbolic, whose templates are "
+                     "GSM8K test questions: GSM8K would not be held out (train on another "
+                     "task, or evaluate on gsm_symbolic's own test split)")
   sampled = config.get("eval_sampling", None)
   if sampled is not None:
     k = sampled.get("k", 0)

@@ -639,6 +639,26 @@ def test_periodic_evaluation_adds_the_harness_sampled_metrics(tmp_path):
     grpo.validate(config)
 
 
+def test_eval_task_holds_out_another_tasks_questions(tmp_path):
+  """config.eval_task: arithmetic trains, GSM8K's test questions are the held-out ones (the
+  samples log shows them), and a task built from GSM8K's test set is refused beside it."""
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every, config.eval_size = 1, 1, 4
+  config.eval_task = "gsm8k"
+  config.prompt_template = "{question}"
+  grpo.train(config, str(tmp_path), progress=False)
+  from jaxrl_agents import data as data_lib
+
+  gsm8k = {r["question"] for r in data_lib.load_task("gsm8k", "test")[:4]}
+  evals = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
+  asked = {r["prompt"] for r in evals if r["kind"] == "eval"}
+  assert asked and asked <= gsm8k
+  assert [r["num_examples"] for r in _records(str(tmp_path), "eval")] == [4, 4]
+  config.task = "reasoning_gym/gsm_symbolic"
+  with pytest.raises(ValueError, match="templates are GSM8K test questions"):
+    grpo.validate(config)
+
+
 def test_tiny_grpo_with_oversampling(tmp_path):
   config = grpo_arithmetic.get_config("tiny")
   config.steps, config.oversample = 2, 3

@@ -106,6 +106,9 @@ def _task_and_rewards(c: ml_collections.ConfigDict) -> None:
   c.jsonl_path = ""  # your own prompts: {"prompt": ..., "answer": ...} per line
   c.eval_jsonl_path = ""  # held-out prompts for a JSONL run (else it evaluates on training rows)
   c.eval_split = "test"
+  # Held-out questions from another task than the training one ("gsm8k" while training on
+  # a generator of similar problems; at that task's default options). "": config.task's.
+  c.eval_task = ""
   c.eval_size = 100  # the whole test split
   c.prompt_template = "{question} Answer with just the number."
   c.system_prompt = ""
