@@ -11,7 +11,7 @@ For each policy (the embedded base model, then --trained): greedy and k samples 
   - GSM8K's first --gsm8k-size test questions (greedy on --gsm8k-greedy-size), replies of
     up to --gsm8k-tokens tokens, in the gsm8k format.
 Each evaluation's result JSON and replies go under --out; one summary JSON (figures, wall
-times, the CPU) is printed as the last line and written to --out/summary.json.
+times, the CPU) is printed as the last line and written to --out/summary_<policies>.json.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main() -> None:
   p.add_argument("--gsm8k-greedy-size", type=int, default=100)
   p.add_argument("--gsm8k-tokens", type=int, default=256)
   p.add_argument("--skip-gsm8k", action="store_true")
+  p.add_argument("--policies", default="base,trained", help="which of base, trained to run")
   args = p.parse_args()
 
   from jaxrl_agents import data
@@ -86,7 +87,9 @@ def main() -> None:
              "task": config.task,
              "trained": os.path.abspath(args.trained), "k": args.k,
              "temperature": args.temperature, "policies": {}}
-  for name, source in (("base", args.base or config.model), ("trained", args.trained)):
+  sources = {"base": args.base or config.model, "trained": args.trained}
+  for name in args.policies.split(","):
+    source = sources[name]
     model = zoo.load(source)
     figures = {}
     mix_settings = harness.EvalSettings(k=args.k, temperature=args.temperature,
@@ -111,7 +114,7 @@ def main() -> None:
       figures["gsm8k_sampled"] = {"questions": args.gsm8k_size, "wall_s": sampled["wall_s"],
                                   **_figures(sampled)}
     summary["policies"][name] = figures
-  with open(os.path.join(args.out, "summary.json"), "w") as f:
+  with open(os.path.join(args.out, f"summary_{'_'.join(summary['policies'])}.json"), "w") as f:
     json.dump(summary, f, indent=1)
   print(json.dumps(summary))
 

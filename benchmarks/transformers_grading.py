@@ -94,7 +94,7 @@ def main() -> None:
   tok = transformers.AutoTokenizer.from_pretrained(args.model_dir)
   tok.padding_side = "left"
   model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir,
-                                                            torch_dtype=torch.float32)
+                                                            dtype=torch.float32)
   model.eval()
   replies, start = [], time.perf_counter()
   for i in range(0, len(examples), args.batch_size):
