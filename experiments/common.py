@@ -101,10 +101,6 @@ def validate_common(config) -> None:
   lr = config.optimizer.learning_rate
   if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
     raise ValueError(f"config.optimizer.learning_rate must be a finite number > 0, got {lr!r}")
-  width = config.get("min_prompt_width", 0)
-  if not (isinstance(width, int) and 0 <= width <= 1 << 20):
-    raise ValueError(f"config.min_prompt_width must be a whole number of tokens >= 0 (0: "
-                     f"each batch's longest prompt), got {width!r}")
   if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
     raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
                      f"got {config.prompt_overflow!r}")
@@ -131,7 +127,12 @@ def validate_common(config) -> None:
 
 
 def _validate_decoding(config) -> None:
-  """config.continuous_slots: a row count, and not with the static batch's compaction."""
+  """config.continuous_slots: a row count, and not with the static batch's compaction;
+  config.min_prompt_width: a token count."""
+  width = config.get("min_prompt_width", 0)
+  if not (isinstance(width, int) and 0 <= width <= 1 << 20):
+    raise ValueError(f"config.min_prompt_width must be a whole number of tokens >= 0 (0: "
+                     f"each batch's longest prompt), got {width!r}")
   slots = config.get("continuous_slots", 0)
   if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
     raise ValueError(f"config.continuous_slots must be 0 (static batches) or the number of "

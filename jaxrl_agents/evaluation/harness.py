@@ -204,8 +204,32 @@ def evaluate(params, model, examples: Sequence[Mapping[str, Any]], fmt: TaskForm
   if bar is not None:
     bar.close()
 
-  repeated = [ex for ex in examples for _ in range(k)]
   groups = [str(ex.get("group", "all")) for ex in examples]
+  report, verdicts = _grade(graders, examples, groups, greedy, sampled, k)
+  result = {"num_examples": n, "settings": dataclasses.asdict(settings),
+            "format": dataclasses.asdict(fmt), "seconds": seconds,
+            "grader_timeouts": {name: time_limit.timeouts(fn) for name, fn in graders.items()},
+            "graders": report}
+  prompts = format_prompts(examples, fmt.template)
+  samples = []
+  for i, ex in enumerate(examples):
+    record = {"index": i, "group": groups[i], "prompt": prompts[i], "answer": ex.get("answer")}
+    if greedy:
+      record["greedy"] = greedy[i]
+      record["greedy_verdicts"] = {name: float(v[0][i]) for name, v in verdicts.items()}
+    if k:
+      record["samples"] = sampled[i * k:(i + 1) * k]
+      record["sample_verdicts"] = {name: v[1][i].tolist() for name, v in verdicts.items()}
+    samples.append(record)
+  return result, samples
+
+
+def _grade(graders, examples, groups: list[str], greedy: list[str], sampled: list[str],
+           k: int) -> tuple[dict[str, Any], dict[str, tuple]]:
+  """(report per grader: metric summaries and per-group means; verdicts per grader:
+  (greedy f64[n] or None, sampled f64[n, k] or None))."""
+  n = len(examples)
+  repeated = [ex for ex in examples for _ in range(k)]
   report, verdicts = {}, {}
   for name, grade in graders.items():
     per_example: dict[str, list[float]] = collections.defaultdict(list)
@@ -231,23 +255,7 @@ def evaluate(params, model, examples: Sequence[Mapping[str, Any]], fmt: TaskForm
                 for metric, values in per_example.items()}
         for group in sorted(set(groups))} if len(set(groups)) > 1 else {}
     report[name] = entry
-
-  result = {"num_examples": n, "settings": dataclasses.asdict(settings),
-            "format": dataclasses.asdict(fmt), "seconds": seconds,
-            "grader_timeouts": {name: time_limit.timeouts(fn) for name, fn in graders.items()},
-            "graders": report}
-  prompts = format_prompts(examples, fmt.template)
-  samples = []
-  for i, ex in enumerate(examples):
-    record = {"index": i, "group": groups[i], "prompt": prompts[i], "answer": ex.get("answer")}
-    if greedy:
-      record["greedy"] = greedy[i]
-      record["greedy_verdicts"] = {name: float(v[0][i]) for name, v in verdicts.items()}
-    if k:
-      record["samples"] = sampled[i * k:(i + 1) * k]
-      record["sample_verdicts"] = {name: v[1][i].tolist() for name, v in verdicts.items()}
-    samples.append(record)
-  return result, samples
+  return report, verdicts
 
 
 def _hashable(answer: Any) -> Any:
