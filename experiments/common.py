@@ -20,9 +20,10 @@ from jaxrl_agents.parallel import distributed, sharding
 from jaxrl_agents.rewards import learned as learned_rewards
 from jaxrl_agents.rewards import time_limit
 from jaxrl_agents.rollout import self_play, single_turn
-from jaxrl_agents.train import harness, overlap
+from jaxrl_agents.train import compilation_cache, harness, overlap
 from jaxrl_agents.train import host_memory as host_memory_lib
 from jaxrl_agents.train import optim as optim_lib
+from jaxrl_agents.train import workdir as workdir_lib
 
 # The experiments' config keys a resumed run may change, and the values that reproduce runs
 # made before a key existed (`harness.ResumeRules`; the harness adds its own, the schedule's).
@@ -98,6 +99,9 @@ def validate_common(config) -> None:
   for key in ("time_budget_s", "eval_every_s"):
     if config.get(key, 0) < 0:
       raise ValueError(f"config.{key} must be >= 0 (0 turns it off), got {config[key]}")
+  kl = config.get("kl_coef", 0.0)
+  if not (isinstance(kl, int | float) and math.isfinite(kl) and kl >= 0):
+    raise ValueError(f"config.kl_coef must be a finite number >= 0 (0: no KL term), got {kl!r}")
   lr = config.optimizer.learning_rate
   if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
     raise ValueError(f"config.optimizer.learning_rate must be a finite number > 0, got {lr!r}")
@@ -406,27 +410,45 @@ def with_sampled_evaluation(evaluate, config, model: zoo.Model, eval_examples):
   return evaluate_with_samples
 
 
-COMPILATION_CACHE_NAME = ".jax_compilation_cache"
+COMPILATION_CACHE_NAME = compilation_cache.CACHE_NAME
 
 
 def enable_compilation_cache(setting: str, workdir: str) -> str | None:
   """Turns on JAX's persistent compilation cache: `setting` is a directory, "auto"
   (COMPILATION_CACHE_NAME in the workdir's parent, shared by the runs there) or "none".
   Returns the directory used, or None. The cache never changes a result: an entry is
-  keyed by the program, the compiler flags and the JAX version."""
+  keyed by the program, the compiler flags and the JAX version.
+
+  The directory must be private to this user (train/compilation_cache.py: an entry is
+  code the run executes). A named one that is not is an error; under "auto" the run
+  uses the user's own cache directory instead, with a warning."""
   if setting == "none":
     return None
+  log = logging.getLogger(__name__)
   directory = setting
   if setting == "auto":
     parent = os.path.dirname(os.path.abspath(workdir.rstrip("/")))
     directory = os.path.join(parent, COMPILATION_CACHE_NAME)
-  os.makedirs(directory, exist_ok=True)
+  reason = compilation_cache.private_cache_dir(directory)
+  if reason and setting != "auto":
+    raise ValueError(f"--compilation_cache={setting}: refused, {reason}; a cache entry is a "
+                     "program the run executes, so only you may write its directory. Name "
+                     "a private directory or pass --compilation_cache=none")
+  if reason:
+    fallback = compilation_cache.default_private_dir()
+    fallback_reason = compilation_cache.private_cache_dir(fallback)
+    log.warning("compilation cache: not using %s (%s)%s", directory, reason,
+                f"; using {fallback}" if not fallback_reason else
+                f"; {fallback} is not private either ({fallback_reason}): caching off")
+    if fallback_reason:
+      return None
+    directory = fallback
   jax.config.update("jax_compilation_cache_dir", directory)
   # Cache every program that took a tenth of a second (the default, 1 s, would skip most
   # of an experiment's many small programs).
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  logging.getLogger(__name__).info("compilation cache: %s", directory)
+  log.info("compilation cache: %s", directory)
   return directory
 
 
@@ -467,7 +489,11 @@ def main(train_fn, host_memory: str = "system") -> None:
                                           "sets glibc's malloc options)")
     logging.getLogger(__name__).info("host memory: %s",
                                      "freed memory retained" if retained else "system malloc")
+    # A model directory or an export given as the workdir is refused before a run writes.
+    workdir_lib.check_not_foreign(workdir.value)
     distributed.initialize_from_env()  # several processes, when launched as such
+    # Every process started with the same flags, before any of them computes anything.
+    distributed.check_same_config(harness.flat_config(config.value))
     enable_compilation_cache(cache.value, workdir.value)
     train_fn(config.value, workdir.value)
 

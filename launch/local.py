@@ -59,24 +59,44 @@ def launch(command: list[str], processes: int, devices_per_process: int, log_dir
     procs.append(subprocess.Popen(command, env=env, stdout=out,
                                   stderr=subprocess.STDOUT if out else None))
   deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
-  status = 0
+  status, culprit = 0, None
   try:
-    while any(p.poll() is None for p in procs):
-      failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-      if failed or time.monotonic() > deadline:
-        status = failed[0] if failed else 124
+    while True:
+      # Every process is polled each time: the first failure anywhere stops the launch,
+      # not only once the processes before it in the list have ended.
+      codes = [p.poll() for p in procs]
+      failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
+      if failed:
+        culprit, status = failed[0]
+        break
+      if all(code == 0 for code in codes):
+        break
+      if time.monotonic() > deadline:
+        status = 124
         break
       time.sleep(0.2)
-    else:
-      status = next((p.returncode for p in procs if p.returncode), 0)
   finally:
     _stop(procs)
     for f in logs:
       f.close()
-  if status:
-    print(f"launch.local: a process exited with status {status}; logs of processes 1.. in "
-          f"{log_dir}", file=sys.stderr)
+  if culprit is not None:
+    log = "this terminal" if culprit == 0 else os.path.join(log_dir, f"process_{culprit}.log")
+    print(f"launch.local: process {culprit} of {processes} {_ending(status)}; the others were "
+          f"stopped. Its log: {log}", file=sys.stderr)
+  elif status:
+    print(f"launch.local: the processes ran past --timeout_s={timeout_s:g} and were stopped; "
+          f"logs of processes 1.. in {log_dir}", file=sys.stderr)
   return status
+
+
+def _ending(status: int) -> str:
+  """How a process ended, in words: its exit status or the signal that killed it."""
+  if status < 0:
+    try:
+      return f"was killed by {signal.Signals(-status).name}"
+    except ValueError:
+      return f"was killed by signal {-status}"
+  return f"exited with status {status}"
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:

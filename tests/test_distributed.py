@@ -167,3 +167,28 @@ def test_a_mesh_short_of_the_processes_devices_is_refused_before_anything_runs(t
   assert "2 processes with 2 devices in all" in proc.stderr
   assert "--config.mesh.data=-1" in proc.stderr
   assert not workdir.exists()
+
+
+_WITH_PROCESS_SETTINGS = (
+    "import os, runpy, sys\n"
+    "i = int(os.environ['JAXRL_PROCESS_ID'])\n"
+    "sys.argv = ['grpo'] + sys.argv[1:] + ([f'--config.optimizer.learning_rate={1e-3 * (i + 1)}',"
+    " f'--config.seed={i}'] if i else [])\n"
+    "runpy.run_module('experiments.grpo', run_name='__main__')\n")
+
+
+def test_processes_started_with_different_configs_are_refused_naming_the_keys(tmp_path, capfd,
+                                                                             monkeypatch):
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-c", _WITH_PROCESS_SETTINGS, f"--config={GRPO_TINY}",
+         "--config.mesh.data=2", f"--workdir={workdir}", "--compilation_cache=none"]
+  monkeypatch.setenv("PYTHONPATH", REPO)
+  monkeypatch.chdir(REPO)
+  status = local.launch(cmd, processes=2, devices_per_process=1, log_dir=str(tmp_path),
+                        timeout_s=240)
+  assert status not in (0, 124)
+  logs = capfd.readouterr().err + (tmp_path / "process_1.log").read_text()
+  assert "started with different configs" in logs
+  assert "optimizer.learning_rate = 0.002 (process 0: " in logs
+  assert "seed = 1 (process 0: 0)" in logs
+  assert not (workdir / "metrics.jsonl").exists()

@@ -64,3 +64,24 @@ def test_slurm_several_nodes_run_one_distributed_process_each(capsys, tmp_path):
   assert "JAXRL_DISTRIBUTED" not in capsys.readouterr().out  # one node: one process
   with pytest.raises(SystemExit, match="--nodes must be >= 1"):
     slurm.main(["--nodes=0", "--dry_run", "--"] + EXPERIMENT)
+
+
+_DIES_OR_WAITS = ("import os, sys, time; i = int(os.environ['JAXRL_PROCESS_ID']); "
+                  "time.sleep(120) if i == 0 else os.kill(os.getpid(), 9)")
+
+
+def test_local_launch_fails_fast_naming_a_process_other_than_the_first(tmp_path, capsys):
+  import sys
+  import time
+
+  from launch import local
+
+  start = time.monotonic()
+  status = local.launch([sys.executable, "-c", _DIES_OR_WAITS], processes=2,
+                        devices_per_process=1, log_dir=str(tmp_path))
+  elapsed = time.monotonic() - start
+  assert status == -9
+  assert elapsed < 30, elapsed  # process 0 would have waited 120 s
+  err = capsys.readouterr().err
+  assert "process 1 of 2 was killed by SIGKILL" in err
+  assert str(tmp_path / "process_1.log") in err

@@ -70,6 +70,9 @@ def read_objects(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]
         row = json.loads(line)
       except json.JSONDecodeError as e:
         raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+      except (ValueError, RecursionError) as e:  # a 5000-digit integer, 100,000-deep nesting
+        raise ValueError(f"{where}: JSON that cannot be read ({type(e).__name__}: "
+                         f"{str(e)[:160]})") from None
       if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
       _check_text(row, where)
@@ -78,16 +81,18 @@ def read_objects(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]
 
 def _check_text(value: Any, where: str, field: str = "") -> None:
   """Rejects strings that are not text: a JSON escape like \\ud800 decodes to a lone
-  surrogate, which no tokenizer (nor UTF-8) can encode."""
-  if isinstance(value, str):
-    try:
-      value.encode("utf-8")
-    except UnicodeEncodeError as e:
-      raise ValueError(f"{where}: field {field or '?'!r} holds {value[e.start:e.end]!r} at "
-                       f"character {e.start}, a lone surrogate (not text)") from None
-  elif isinstance(value, dict):
-    for k, v in value.items():
-      _check_text(v, where, f"{field}.{k}" if field else str(k))
-  elif isinstance(value, list):
-    for i, v in enumerate(value):
-      _check_text(v, where, f"{field}[{i}]")
+  surrogate, which no tokenizer (nor UTF-8) can encode. Iterative: a row nested as deep
+  as the JSON parser allows is checked without recursion."""
+  stack = [(value, field)]
+  while stack:
+    value, field = stack.pop()
+    if isinstance(value, str):
+      try:
+        value.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: field {field or '?'!r} holds {value[e.start:e.end]!r} at "
+                         f"character {e.start}, a lone surrogate (not text)") from None
+    elif isinstance(value, dict):
+      stack.extend((v, f"{field}.{k}" if field else str(k)) for k, v in value.items())
+    elif isinstance(value, list):
+      stack.extend((v, f"{field}[{i}]") for i, v in enumerate(value))

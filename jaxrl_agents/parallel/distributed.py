@@ -121,6 +121,41 @@ def agree(seconds: float, flag: bool) -> tuple[float, bool]:
   return float(gathered[0, 0]), bool(gathered[:, 1].any())
 
 
+def check_same_config(flat: Mapping[str, Any]) -> None:
+  """Raises ValueError on every process, naming the keys, unless all processes hold the same
+  flat config: processes started with different settings would otherwise train a silent
+  mixture (each computes its share under its own learning rate) or crash far from the
+  cause. A digest is compared first; only on a mismatch are the configs gathered."""
+  if jax.process_count() == 1:
+    return
+  import hashlib
+  import json
+
+  from jax.experimental import multihost_utils
+
+  text = json.dumps(flat, sort_keys=True, default=repr).encode()
+  digest = np.frombuffer(hashlib.sha256(text).digest(), np.uint8)
+  digests = np.asarray(multihost_utils.process_allgather(digest))
+  if (digests == digests[0]).all():
+    return
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([len(text)], np.int32)))[:, 0]
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:len(text)] = np.frombuffer(text, np.uint8)
+  everyone = np.asarray(multihost_utils.process_allgather(padded))
+  configs = [json.loads(bytes(everyone[i, :sizes[i]])) for i in range(len(sizes))]
+  first = configs[0]
+  lines = []
+  for i, other in enumerate(configs[1:], start=1):
+    keys = sorted(k for k in first.keys() | other.keys()
+                  if first.get(k, "<unset>") != other.get(k, "<unset>"))
+    if keys:
+      lines.append(f"process {i}: " + "; ".join(
+          f"{k} = {other.get(k, '<unset>')!r} (process 0: {first.get(k, '<unset>')!r})"
+          for k in keys[:4]))
+  raise ValueError("the processes of this run were started with different configs; start "
+                   "every process with the same flags. " + " | ".join(lines[:4]))
+
+
 class SplitRows:
   """A host function of rows (a reward or a grader: `fn(completions, examples)` returning
   f32[B], or (f32[B], {name: f32[B]})) computed by each process on its own contiguous

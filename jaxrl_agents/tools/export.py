@@ -11,11 +11,16 @@ and the architecture and tokenizer from the run's model (its config.json). A run
 trained LoRA adapters (config.lora) exports its adapters merged into the base weights;
 --adapters also writes them as a PEFT adapter directory (adapter_config.json,
 adapter_model.safetensors) that `peft.PeftModel.from_pretrained` applies to the base.
+
+One export to an --out at a time (a lock beside it); weights that are not finite, or
+absurdly large, are refused by name rather than shipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -23,6 +28,9 @@ import shutil
 import stat
 import sys
 import tempfile
+
+import jax
+import numpy as np
 
 from jaxrl_agents.models import lora, weights, zoo
 from jaxrl_agents.train import checkpointing
@@ -129,11 +137,59 @@ def _write_adapters(args, model, meta: dict, step: int) -> None:
                step, args.adapters)
 
 
+# No trained language model's weight comes near this (their largest are in the tens to
+# hundreds); a run whose learning rate blew up does, long before float32 overflows.
+ABSURD_WEIGHT = 1e6
+
+
+def _check_weights(params, source: str) -> None:
+  """Refuses, naming the first array, weights that are not finite or are absurdly large."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    x = np.asarray(leaf)
+    if not np.issubdtype(x.dtype, np.floating):
+      continue
+    name = jax.tree_util.keystr(path)
+    if not np.isfinite(x).all():
+      raise SystemExit(f"{source}: weight {name} is not finite ({int((~np.isfinite(x)).sum())} "
+                       "values); not exported")
+    biggest = float(np.abs(x).max()) if x.size else 0.0
+    if biggest > ABSURD_WEIGHT:
+      raise SystemExit(f"{source}: weight {name} holds {biggest:.3g}, beyond any trained "
+                       f"model's (> {ABSURD_WEIGHT:g}); the run diverged. Not exported")
+
+
+@contextlib.contextmanager
+def _exclusive(out: str):
+  """Holds a lock beside `out` for one export at a time: a second export to the same --out
+  fails at once instead of replacing (and deleting) the first one's directory. The lock
+  file stays (an empty hidden file); the kernel releases the lock when its process dies."""
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  fd = os.open(os.path.join(parent, f".{os.path.basename(out)}.export-lock"),
+               os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise SystemExit(f"--out {out!r}: another export to it is running; wait for it or "
+                       "choose another --out") from None
+    yield
+  finally:
+    os.close(fd)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                       format="%(asctime)s %(levelname)s %(message)s")
   out = _out_dir(args.out)
+  with _exclusive(out):
+    _export(args, out)
+  return 0
+
+
+def _export(args, out: str) -> None:
+  """main's work, with --out locked: what is there is checked, then replaced in one rename."""
   if os.path.isdir(out) and os.listdir(out):
     if not args.overwrite:
       raise SystemExit(f"--out {args.out!r} exists and is not empty; pass --overwrite")
@@ -156,9 +212,9 @@ def main(argv=None) -> int:
       raise SystemExit("--adapters needs --workdir (a run that trained LoRA adapters)")
     model = zoo.load(args.model or zoo.DEFAULT_MODEL)
     source = model.name
+  _check_weights(model.params, source)
   _write_clean(out, lambda d: zoo.save_hf_dir(model, d))
   logging.info("wrote %s as a Hugging Face directory to %s", source, args.out)
-  return 0
 
 
 if __name__ == "__main__":

@@ -50,6 +50,10 @@ def main(argv=None) -> int:
   num_params = sum(leaf.size for leaf in jax.tree.leaves(model.params))
   logging.info("loaded %s (%.1fM params) in %.1fs", model.name, num_params / 1e6,
                time.time() - start)
+  context = model.cfg.max_seq_len
+  if not 1 <= args.max_new_tokens < context:
+    raise SystemExit(f"--max-new-tokens {args.max_new_tokens}: must be at least 1 and leave "
+                     f"room for the prompt in {model.name}'s context of {context} tokens")
   sampler = Sampler(model, chat=args.chat, system=args.system)
   start = time.time()
   texts, out = sampler(args.prompt, rng=jax.random.key(args.seed),

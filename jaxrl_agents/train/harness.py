@@ -155,6 +155,11 @@ def config_to_dict(config) -> dict:
       else dict(config)
 
 
+def flat_config(config) -> dict[str, Any]:
+  """The config as one level of dotted keys ("optimizer.learning_rate": 2e-5, ...)."""
+  return _flat(config_to_dict(config))
+
+
 def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
   out = {}
   for k, v in d.items():
@@ -236,6 +241,27 @@ def validate_run_keys(config) -> None:
   if not isinstance(limit, int) or limit < 1:
     raise ValueError(f"config.max_consecutive_nonfinite must be an integer >= 1 (updates "
                      f"skipped in a row before the run stops), got {limit!r}")
+  for key, least, meaning in _SCHEDULE_KEYS:
+    value = config.get(key, least)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      raise ValueError(f"config.{key} must be an integer >= {least} ({meaning}), got {value!r}")
+  for key in ("eval_every_s", "time_budget_s"):
+    value = config.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+        or value == float("inf"):
+      raise ValueError(f"config.{key} must be a finite number >= 0, got {value!r}")
+
+
+# The schedule's integer keys: the least value each takes, and what it means.
+_SCHEDULE_KEYS = (
+    ("steps", 0, "training steps"),
+    ("eval_every", 0, "steps between evaluations; 0: by time or at the end only"),
+    ("sample_every", 0, "steps between logged samples; 0: none"),
+    ("samples_per_log", 0, "replies logged each time"),
+    ("checkpoint_every", 0, "steps between checkpoints"),
+    ("eval_size", 0, "held-out examples"),
+    ("eval_batch_size", 1, "examples decoded together in an evaluation"),
+)
 
 
 def _start_over(config, workdir: str, ckpt: checkpointing.Checkpointer,
@@ -441,6 +467,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
   Returns the last eval record ({} when evaluation is off).
   """
   validate_run_keys(config)
+  workdir_lib.check_not_foreign(workdir)
+  distributed.check_same_config(flat_config(config))
   rules = RUN_RULES.merged(resume_rules or ResumeRules())
   # With several processes (`distributed`), the first holds the lock and writes the logs;
   # all of them run the same steps and write the checkpoints together.
@@ -583,5 +611,6 @@ def _check_nonfinite(r: _Run, limit: int) -> None:
     where = (f"the newest checkpoint, step {steps[-1]}, predates the streak"
              if steps else "no checkpoint was written before it")
     raise TrainingStopped(
-        f"{consecutive} consecutive updates had a non-finite loss or gradient (step "
-        f"{r.step}); stopping: {where} ({r.ckpt.directory}).")
+        f"{consecutive} consecutive updates had a non-finite loss or gradient, or an absurd "
+        f"size (step {r.step}; optim.ABSURD_UPDATE), and were skipped; stopping: {where} "
+        f"({r.ckpt.directory}).")

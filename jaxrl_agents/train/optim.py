@@ -218,12 +218,40 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
     # A non-finite loss must skip the update even if the gradient happens to be finite.
     grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
     metrics = {**metrics, "grad_norm": optax.global_norm(grads)}
-    updates, opt_state = tx.update(grads, opt_state, params)
+    updates, new_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: (u * lr_scale).astype(u.dtype), updates)
-    return (optax.apply_updates(params, updates), opt_state), metrics
+    return skip_absurd_update(params, opt_state, updates, new_state), metrics
 
   (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), orders)
   return params, opt_state, reduce_update_metrics(metrics), orders.shape[0]
+
+
+# An update that moves some weight by more than this many times the largest weight (or 1)
+# is not learning: a learning rate of 1e30 gives finite weights of ~1e30 after one update,
+# which the non-finite check alone lets through (and a checkpoint would then keep).
+ABSURD_UPDATE = 100.0
+
+
+def skip_absurd_update(params, opt_state, updates, new_state):
+  """(params + updates, new_state), or, when an update is absurd (`ABSURD_UPDATE`, or not
+  finite after scaling), (params, opt_state) with the skip counted as `apply_if_finite`
+  counts a non-finite gradient: the harness's non-finite streak then stops the run."""
+  new_params = optax.apply_updates(params, updates)
+  if not isinstance(opt_state, optax.ApplyIfFiniteState):
+    return new_params, new_state
+
+  def max_abs(tree):
+    leaves = [jnp.max(jnp.abs(x)).astype(jnp.float32)
+              for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating) and x.size]
+    return jnp.max(jnp.stack(leaves)) if leaves else jnp.float32(0)
+
+  # NaN compares false: a non-finite update is absurd too.
+  sane = max_abs(updates) <= ABSURD_UPDATE * jnp.maximum(max_abs(params), 1.0)
+  skipped = opt_state._replace(notfinite_count=opt_state.notfinite_count + 1,
+                               last_finite=jnp.array(False),
+                               total_notfinite=opt_state.total_notfinite + 1)
+  return jax.tree.map(lambda new, old: jnp.where(sane, new, old),
+                      (new_params, new_state), (params, skipped))
 
 
 def update_state(optimizer: Optimizer, loss_fn, state, batch, rng: jax.Array,

@@ -8,6 +8,10 @@ dies, so a lock left by a killed run is never mistaken for a live one; the
 file also names the holder (pid, host, start time) for the error message and
 for the warning when a dead run's lock is taken over.
 
+`check_not_foreign` refuses a directory that holds something other than a run (a model
+directory, an export) before a run writes into it: a run's config.json would replace
+the model's.
+
 `move_aside` is how a run "starts over": the previous run's files go to
 `<workdir>/previous/<UTC time>/`, never to the bin.
 """
@@ -31,6 +35,42 @@ PREVIOUS_DIR = "previous"
 
 class WorkdirBusy(RuntimeError):
   """Another live process is running in this workdir."""
+
+
+# Files a run never writes at the top of its workdir and model directories hold: weights
+# (Hugging Face, PEFT, GGUF, PyTorch), tokenizers, an Orbax checkpoint's own top level.
+_MODEL_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt")
+_MODEL_NAMES = frozenset({
+    "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "generation_config.json",
+    "adapter_config.json", "special_tokens_map.json", "_METADATA", "_CHECKPOINT_METADATA",
+    "manifest.ocdbt", "model.safetensors.index.json"})
+
+
+def _model_config(path: str) -> bool:
+  """Whether config.json is a model's (Hugging Face's keys), not a run's."""
+  try:
+    with open(path, "rb") as f:
+      config = json.loads(f.read(1 << 20))
+  except (OSError, ValueError):
+    return True  # not a run's: a run writes JSON it can read back
+  return not isinstance(config, dict) or "model_type" in config or "architectures" in config
+
+
+def check_not_foreign(workdir: str) -> None:
+  """Raises ValueError, naming what it found, if `workdir` is a file or a directory holding a
+  model (weights, a tokenizer, a model's config.json): a run there would overwrite it."""
+  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir!r} is a file, not a directory")
+  if not os.path.isdir(workdir):
+    return
+  names = os.listdir(workdir)
+  found = sorted(n for n in names if n in _MODEL_NAMES or n.endswith(_MODEL_SUFFIXES))
+  if "config.json" in names and _model_config(os.path.join(workdir, "config.json")):
+    found.insert(0, "config.json (a model's, not a run's)")
+  if found:
+    raise ValueError(f"workdir {workdir!r} holds {', '.join(found[:4])}: a model directory or an "
+                     "export, not a run. A run writes its own config.json there; use a new "
+                     "workdir (the model can stay where it is as --config.model)")
 
 
 def _holder_text(info: dict) -> str:

@@ -1,0 +1,275 @@
+"""Faults from what a run shares with others: the compilation cache others could plant
+programs in, a model directory given as a workdir, two exports racing for one --out, and
+an update that blows the weights up without a NaN (reliability round 3, items 2, 4, 5, 11).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_harness import _config, _train
+
+from experiments import common
+from jaxrl_agents.models import zoo
+from jaxrl_agents.tools import export
+from jaxrl_agents.train import compilation_cache, optim, workdir
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ----------------------------------------------------------------------------
+# The compilation cache: an entry is a program the run executes.
+
+
+def test_a_cache_directory_others_can_write_is_refused_when_named(tmp_path):
+  shared = tmp_path / "shared_cache"
+  shared.mkdir()
+  os.chmod(shared, 0o777)
+  with pytest.raises(ValueError, match=r"refused, others may write to it \(mode 777\)"):
+    common.enable_compilation_cache(str(shared), str(tmp_path / "run"))
+  # below a directory others can write without the sticky bit: it could be swapped
+  open_parent = tmp_path / "open"
+  open_parent.mkdir()
+  os.chmod(open_parent, 0o777)
+  with pytest.raises(ValueError, match="may be written by others .* no sticky bit"):
+    common.enable_compilation_cache(str(open_parent / "cache"), str(tmp_path / "run"))
+  # /tmp-like (sticky) parents are fine, and a new cache is made private
+  sticky = tmp_path / "sticky"
+  sticky.mkdir()
+  os.chmod(sticky, 0o1777)
+  assert compilation_cache.private_cache_dir(str(sticky / "cache")) is None
+  assert os.stat(sticky / "cache").st_mode & 0o077 == 0
+
+
+def test_auto_cache_beside_a_shared_workdir_parent_moves_to_the_users_own(tmp_path, monkeypatch,
+                                                                        caplog):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home_cache"))
+  runs = tmp_path / "runs"
+  runs.mkdir()
+  planted = runs / compilation_cache.CACHE_NAME  # made first by someone else: writable
+  planted.mkdir()
+  os.chmod(planted, 0o777)
+  used = common.enable_compilation_cache("auto", str(runs / "run1"))
+  assert used == str(tmp_path / "home_cache" / "jaxrl_agents" / "jax_compilation_cache")
+  assert os.stat(used).st_mode & 0o077 == 0
+  assert "not using" in caplog.text and "others may write to it" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user")
+def test_a_cache_directory_owned_by_another_user_is_refused(tmp_path):
+  theirs = tmp_path / "theirs"
+  theirs.mkdir(mode=0o755)
+  os.chown(theirs, 65534, 65534)  # nobody
+  assert "owned by user id 65534" in compilation_cache.why_not_private(str(theirs))
+  with pytest.raises(ValueError, match="owned by user id 65534"):
+    common.enable_compilation_cache(str(theirs), str(tmp_path / "run"))
+  # through a symlink the user owns, the directory it names is what is checked
+  link = tmp_path / "link"
+  link.symlink_to(theirs)
+  assert "owned by user id 65534" in compilation_cache.why_not_private(str(link))
+
+
+_CACHED_PROGRAM = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp
+    from experiments import common
+    common.enable_compilation_cache(sys.argv[1], "unused")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    print(float(jax.jit(lambda x: (jnp.sin(x) * 3).sum())(jnp.arange(100.0))))
+""")
+
+
+def test_damaged_cache_entries_are_compiled_again_not_a_crash(tmp_path):
+  cache = tmp_path / "cache"
+  env = {**os.environ, "PYTHONPATH": REPO}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+  def run():
+    return subprocess.run([sys.executable, "-c", _CACHED_PROGRAM, str(cache)], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+  first = run()
+  assert first.returncode == 0, first.stderr[-2000:]
+  entries = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs]
+  assert entries, "the first run cached nothing"
+  for i, path in enumerate(entries):  # not compressed; compressed but not a program
+    with open(path, "wb") as f:
+      f.write(zlib.compress(b"\x00garbage" * 64) if i % 2 else b"\x00garbage" * 64)
+  second = run()
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert "Error reading persistent compilation cache entry" in second.stderr  # it read them
+  assert second.stdout == first.stdout
+  expected = float((np.sin(np.arange(100.0, dtype=np.float32)) * 3).sum())
+  assert float(second.stdout) == pytest.approx(expected, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# A workdir that holds a model, not a run.
+
+
+def _digests(directory) -> dict:
+  return {name: hashlib.sha256(open(os.path.join(directory, name), "rb").read()).hexdigest()
+          for name in sorted(os.listdir(directory))}
+
+
+def test_a_model_directory_given_as_workdir_is_refused_before_anything_is_written(tmp_path):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+
+  model_dir = str(tmp_path / "model")
+  zoo.save_hf_dir(zoo.load("tiny"), model_dir)
+  before = _digests(model_dir)
+  config = grpo_arithmetic.get_config("tiny")
+  config.model = model_dir
+  with pytest.raises(ValueError, match=r"holds config.json \(a model's, not a run's\), "
+                                       r".*model.safetensors.*not a run"):
+    grpo.train(config, model_dir, progress=False)
+  assert _digests(model_dir) == before
+  assert zoo.load(model_dir).cfg is not None  # still a loadable model
+  # the command line refuses it before the compilation cache or the lock are made
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.grpo",
+       "--config=experiments/configs/grpo_arithmetic.py:tiny", f"--workdir={model_dir}",
+       f"--config.model={model_dir}"], capture_output=True, text=True, cwd=REPO, timeout=300,
+      env={**os.environ, "PYTHONPATH": REPO})
+  assert out.returncode != 0 and "a model directory or an export, not a run" in out.stderr
+  assert _digests(model_dir) == before
+
+
+@pytest.mark.parametrize("contents", [
+    {"tokenizer.json": "{}"}, {"adapter_model.safetensors": ""}, {"weights.gguf": ""},
+    {"config.json": json.dumps({"architectures": ["LlamaForCausalLM"]})},
+    {"config.json": "not json"}])
+def test_a_directory_with_model_files_is_refused_by_the_harness(tmp_path, contents):
+  run_dir = tmp_path / "dir"
+  run_dir.mkdir()
+  for name, text in contents.items():
+    (run_dir / name).write_text(text)
+  with pytest.raises(ValueError, match="not a run"):
+    _train(_config(), str(run_dir))
+  assert sorted(os.listdir(run_dir)) == sorted(contents)  # nothing written
+
+
+def test_a_run_directory_and_a_file_as_workdir(tmp_path):
+  run_dir = str(tmp_path / "run")
+  _train(_config(), run_dir)
+  workdir.check_not_foreign(run_dir)  # a run's own files, its config.json included
+  _train(_config(steps=8), run_dir)  # and it resumes
+  a_file = tmp_path / "notes.txt"
+  a_file.write_text("mine")
+  with pytest.raises(ValueError, match="is a file, not a directory"):
+    _train(_config(), str(a_file))
+  assert a_file.read_text() == "mine"
+
+
+# ----------------------------------------------------------------------------
+# Exports racing for one --out.
+
+
+def test_an_export_while_another_holds_the_out_fails_and_keeps_the_first(tmp_path):
+  out = str(tmp_path / "out")
+  with export._exclusive(out):
+    with pytest.raises(SystemExit, match="another export to it is running"):
+      export.main(["--model", "tiny", "--out", out, "--overwrite"])
+  assert not os.path.exists(out)
+  assert export.main(["--model", "tiny", "--out", out]) == 0  # released
+
+
+def test_two_exports_started_together_leave_one_export_and_one_clear_failure(tmp_path):
+  out = str(tmp_path / "out")
+  cmd = [sys.executable, "-m", "jaxrl_agents.tools.export", "--model", "tiny", "--out", out]
+  env = {**os.environ, "PYTHONPATH": REPO}
+  procs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+           for _ in range(2)]
+  results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+  codes = sorted(code for code, _ in results)
+  assert codes[0] == 0 and codes[1] != 0, results
+  failed = next(err for code, err in results if code != 0)
+  assert "another export to it is running" in failed or "exists and is not empty" in failed
+  assert "model.safetensors" in os.listdir(out)
+  assert zoo.load(out).cfg is not None
+
+
+# ----------------------------------------------------------------------------
+# An update that is finite but absurd.
+
+
+def _quadratic_updates(lr: float, params):
+  tx = optax.apply_if_finite(optax.sgd(lr), max_consecutive_errors=2**30)
+
+  def loss_fn(p, batch):
+    return jnp.sum((p["w"] - batch) ** 2), {}
+
+  return optim.minibatch_updates(loss_fn, tx, params, tx.init(params), jnp.ones((4, 3)),
+                                 jnp.zeros(2, jnp.uint32), epochs=1, minibatches=2)
+
+
+def test_an_absurd_update_is_skipped_and_counted_like_a_non_finite_one():
+  params = {"w": jnp.full((3,), 0.5)}
+  moved, state, _, _ = _quadratic_updates(0.1, params)
+  assert not np.allclose(moved["w"], 0.5) and int(state.total_notfinite) == 0
+  # sgd at 1e30: the weights would be ~1e29, finite; both updates are skipped
+  kept, state, _, _ = _quadratic_updates(1e30, params)
+  np.testing.assert_array_equal(kept["w"], params["w"])
+  assert int(state.total_notfinite) == 2 and int(state.notfinite_count) == 2
+  # the bound is relative: 100 x the largest weight (at least 1) per update
+  assert float(optim.ABSURD_UPDATE) == 100.0
+  big = {"w": jnp.full((3,), 1e4)}
+  moved, state, _, _ = _quadratic_updates(1e-2, big)  # updates of ~200: 0.02 x the weights
+  assert int(state.total_notfinite) == 0 and not np.allclose(moved["w"], 1e4)
+
+
+@pytest.mark.slow
+def test_a_diverging_run_keeps_sane_checkpoints_and_export_refuses_absurd_weights(tmp_path):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+  from jaxrl_agents.train import checkpointing, harness
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.steps, config.eval_every, config.max_consecutive_nonfinite = 8, 0, 2
+  config.checkpoint_every = 1
+  config.optimizer.learning_rate = 1e30
+  with pytest.raises(harness.TrainingStopped, match="absurd size"):
+    grpo.train(config, str(tmp_path / "run"), progress=False)
+  if os.path.isdir(tmp_path / "run" / "checkpoints") and checkpointing.Checkpointer(
+      str(tmp_path / "run")).steps():
+    params, _, _ = checkpointing.latest_policy_params(str(tmp_path / "run"))
+    export._check_weights(params, "run")  # what was kept is the model before the streak
+  bad = {"layer": {"w": np.array([1.0, 1e30], np.float32)}}
+  with pytest.raises(SystemExit, match=r"weight \['layer'\]\['w'\] holds 1e\+30"):
+    export._check_weights(bad, "run")
+  with pytest.raises(SystemExit, match=r"\['w'\] is not finite \(1 values\)"):
+    export._check_weights({"w": np.array([np.nan, 1.0], np.float32)}, "run")
+
+
+# ----------------------------------------------------------------------------
+# Schedule values that cannot mean anything are named before a workdir is made.
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("eval_batch_size", 0, "eval_batch_size must be an integer >= 1"),
+    ("eval_batch_size", -2, "eval_batch_size must be an integer >= 1"),
+    ("eval_every", -1, "eval_every must be an integer >= 0"),
+    ("sample_every", -3, "sample_every must be an integer >= 0"),
+    ("samples_per_log", -1, "samples_per_log must be an integer >= 0"),
+    ("kl_coef", -0.1, "kl_coef must be a finite number >= 0"),
+    ("kl_coef", float("nan"), "kl_coef must be a finite number >= 0"),
+    ("time_budget_s", float("nan"), "time_budget_s must be a finite number >= 0"),
+])
+def test_meaningless_schedule_values_are_named_before_the_workdir_is_made(tmp_path, key, value,
+                                                                           message):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+
+  config = grpo_arithmetic.get_config("tiny")
+  config[key] = value
+  with pytest.raises(ValueError, match=message):
+    grpo.train(config, str(tmp_path / "run"), progress=False)
+  assert not os.path.exists(tmp_path / "run")
