@@ -72,6 +72,7 @@ def main() -> None:
   p.add_argument("--gsm8k-greedy-size", type=int, default=100)
   p.add_argument("--gsm8k-tokens", type=int, default=256)
   p.add_argument("--skip-gsm8k", action="store_true")
+  p.add_argument("--skip-mix", action="store_true", help="GSM8K only")
   p.add_argument("--policies", default="base,trained", help="which of base, trained to run")
   args = p.parse_args()
 
@@ -92,14 +93,15 @@ def main() -> None:
     source = sources[name]
     model = zoo.load(source)
     figures = {}
-    mix_settings = harness.EvalSettings(k=args.k, temperature=args.temperature,
-                                        max_new_tokens=config.max_new_tokens, batch_size=25)
-    result = _run(model, mix, harness.FORMATS["reasoning_gym_plain"], mix_settings,
-                  os.path.join(args.out, f"{name}_mix.json"), task=config.task,
-                  task_options=config.task_options.to_dict(), source=source)
-    figures["mix"] = {"questions": len(mix), "max_new_tokens": config.max_new_tokens,
-                      "wall_s": result["wall_s"], "seconds": result["seconds"],
-                      **_figures(result)}
+    if not args.skip_mix:
+      mix_settings = harness.EvalSettings(k=args.k, temperature=args.temperature,
+                                          max_new_tokens=config.max_new_tokens, batch_size=25)
+      result = _run(model, mix, harness.FORMATS["reasoning_gym_plain"], mix_settings,
+                    os.path.join(args.out, f"{name}_mix.json"), task=config.task,
+                    task_options=config.task_options.to_dict(), source=source)
+      figures["mix"] = {"questions": len(mix), "max_new_tokens": config.max_new_tokens,
+                        "wall_s": result["wall_s"], "seconds": result["seconds"],
+                        **_figures(result)}
     if not args.skip_gsm8k:
       greedy = _run(model, gsm8k[:args.gsm8k_greedy_size], harness.FORMATS["gsm8k"],
                     harness.EvalSettings(max_new_tokens=args.gsm8k_tokens, batch_size=25),

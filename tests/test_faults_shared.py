@@ -273,3 +273,77 @@ def test_meaningless_schedule_values_are_named_before_the_workdir_is_made(tmp_pa
   with pytest.raises(ValueError, match=message):
     grpo.train(config, str(tmp_path / "run"), progress=False)
   assert not os.path.exists(tmp_path / "run")
+
+
+# ----------------------------------------------------------------------------
+# Hostile data and arguments.
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": "x", "answer": ' + "9" * 5000 + "}", "Exceeds the limit"),
+    ("[" * 100_000 + "]" * 100_000, "RecursionError"),
+])
+def test_a_jsonl_row_json_cannot_read_is_named_with_its_file_and_line(tmp_path, line, message):
+  from jaxrl_agents.data import jsonl
+
+  path = tmp_path / "rows.jsonl"
+  path.write_text('{"prompt": "1+1?", "answer": "2"}\n' + line + "\n")
+  with pytest.raises(ValueError, match=rf"rows.jsonl:2: JSON that cannot be read .*{message}"):
+    list(jsonl.read_objects(path))
+
+
+def test_rows_nested_to_the_parsers_limit_fail_with_their_line_not_a_recursion_error(tmp_path):
+  from jaxrl_agents.data import jsonl
+
+  path = tmp_path / "rows.jsonl"
+  deep = "[" * 980 + '"\\ud800"' + "]" * 980  # about as deep as json.loads goes
+  path.write_text('{"prompt": "x", "answer": "1", "meta": ' + deep + "}\n")
+  # the text check walks it without recursion; the parser may already refuse it here
+  with pytest.raises(ValueError, match="rows.jsonl:1: (field 'meta(\\[0\\])+' holds .* lone "
+                                       "surrogate|JSON that cannot be read)"):
+    list(jsonl.read_objects(path))
+
+
+def test_generate_refuses_more_new_tokens_than_the_context_holds():
+  from jaxrl_agents.tools import generate
+
+  with pytest.raises(SystemExit, match="--max-new-tokens 100000: .* context of 512 tokens"):
+    generate.main(["--model", "tiny", "--prompt", "hi", "--max-new-tokens", "100000"])
+  with pytest.raises(SystemExit, match="--max-new-tokens 0: must be at least 1"):
+    generate.main(["--model", "tiny", "--prompt", "hi", "--max-new-tokens", "0"])
+
+
+# ----------------------------------------------------------------------------
+# A run trained over several devices, read by a process with one.
+
+
+@pytest.mark.slow
+def test_a_run_trained_on_two_devices_exports_from_a_one_device_process(tmp_path):
+  from experiments import grpo
+  from experiments.configs import grpo_arithmetic
+
+  config = grpo_arithmetic.get_config("tiny")
+  config.mesh.data, config.steps, config.eval_every, config.checkpoint_every = 2, 1, 0, 1
+  run_dir = str(tmp_path / "run")
+  grpo.train(config, run_dir, progress=False)
+  code = textwrap.dedent(f"""
+      import jax
+      from jaxrl_agents.tools import export
+      from jaxrl_agents.train import checkpointing
+      assert jax.device_count() == 1
+      params, _, step = checkpointing.latest_policy_params({run_dir!r})
+      assert step == 1
+      export.main(["--workdir", {run_dir!r}, "--out", {str(tmp_path / "hf")!r}])
+      print("exported")
+  """)
+  env = {**os.environ, "PYTHONPATH": REPO,
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+  assert out.returncode == 0 and "exported" in out.stdout, out.stderr[-3000:]
+  assert "unreadable" not in out.stderr
+  trained = zoo.load(str(tmp_path / "hf"))
+  from jaxrl_agents.train import checkpointing
+  params, _, _ = checkpointing.latest_policy_params(run_dir)
+  np.testing.assert_array_equal(np.asarray(trained.params["embed"]),
+                                np.asarray(params["embed"]))

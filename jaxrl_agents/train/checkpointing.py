@@ -229,6 +229,14 @@ def _as_lists(tree: Any) -> Any:
   return tree
 
 
+def _restore_anywhere() -> ocp.args.StandardRestore:
+  """A target-less restore that works from any topology: arrays saved over devices this
+  process does not have (a run on several devices or processes, read by a one-device
+  export, evaluation or reward model) come back whole on this process's first device."""
+  return ocp.args.StandardRestore(
+      fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+
+
 def latest_policy_params(workdir: str, step: int | None = None, merge_adapters: bool = True
                          ) -> tuple[Any, dict, int]:
   """(policy params, run metadata, step) from a training run's newest readable checkpoint,
@@ -255,7 +263,7 @@ def latest_policy_params(workdir: str, step: int | None = None, merge_adapters: 
     for step in reversed(steps):
       try:
         restored = ckpt._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+            state=_restore_anywhere(), meta=ocp.args.JsonRestore()))
       except Exception as e:  # noqa: BLE001 - fall back to an older checkpoint
         log.warning("checkpoint step %d is unreadable (%s); trying an older one", step, e)
         continue
@@ -317,6 +325,6 @@ def plain_state(workdir: str, step: int) -> Any:
       raise FileNotFoundError(f"no checkpoint of step {step} in {ckpt.directory} (it has "
                               f"{ckpt.steps()})")
     return ckpt._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))["state"]
+        state=_restore_anywhere()))["state"]
   finally:
     ckpt.close()
