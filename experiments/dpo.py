@@ -251,7 +251,9 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                      train_step=trainer.train_step,
                      evaluate=trainer.evaluate, data=trainer.data,
                      nonfinite_count=trainer.nonfinite_count, postfix=("loss",),
-                     progress=progress, resume_rules=common.RESUME_RULES)
+                     progress=progress, resume_rules=common.RESUME_RULES,
+                     # the reference is the model as loaded, not part of the checkpoint
+                     frozen={f"reference ({config.model})": trainer.ref_params})
 
 
 if __name__ == "__main__":

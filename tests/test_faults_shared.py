@@ -347,3 +347,31 @@ def test_a_run_trained_on_two_devices_exports_from_a_one_device_process(tmp_path
   params, _, _ = checkpointing.latest_policy_params(run_dir)
   np.testing.assert_array_equal(np.asarray(trained.params["embed"]),
                                 np.asarray(params["embed"]))
+
+
+# ----------------------------------------------------------------------------
+# A resume against a model that changed outside the workdir.
+
+
+@pytest.mark.slow
+def test_dpo_refuses_to_resume_against_a_changed_reference(tmp_path):
+  import jax
+
+  from experiments import dpo
+  from experiments.configs import dpo_arithmetic
+
+  model_dir = str(tmp_path / "model")
+  model = zoo.load("tiny")
+  zoo.save_hf_dir(model, model_dir)
+  config = dpo_arithmetic.get_config("tiny")
+  config.model, config.steps, config.checkpoint_every, config.eval_every = model_dir, 1, 1, 0
+  run_dir = str(tmp_path / "run")
+  dpo.train(config, run_dir, progress=False)
+  config.steps = 2
+  dpo.train(config, run_dir, progress=False)  # the same reference: it resumes
+  model.params = jax.tree.map(lambda x: x * 1.01, model.params)  # re-exported, changed
+  export._write_clean(model_dir, lambda d: zoo.save_hf_dir(model, d))
+  config.steps = 3
+  with pytest.raises(ValueError, match=r"with a different reference \(.*model\) than the one "
+                                       "loaded now"):
+    dpo.train(config, run_dir, progress=False)

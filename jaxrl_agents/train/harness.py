@@ -323,6 +323,7 @@ class _Run:
   ckpt: checkpointing.Checkpointer
   nonfinite_count: Callable[[Any], tuple[int, int]] | None
   eval_log: Sequence[str] | None = None  # the eval record keys the log line shows
+  frozen_digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
   writer: metrics_lib.MetricWriter | None = None
   state: Any = None
   step: int = 0
@@ -345,6 +346,7 @@ class _Run:
     restored = self.ckpt.restore_latest(self.state)
     if restored is not None:
       self.step, self.state, data_state, meta = restored
+      _check_frozen(meta.get("frozen_digests"), self.frozen_digests, self.step, self.workdir)
       self.train_time = float(meta.get("train_time_s", 0.0))
       _restore_data(self.data, data_state, self.step)
       log.info("resumed from step %d in %s", self.step, self.ckpt.directory)
@@ -401,7 +403,8 @@ class _Run:
       return False
     self.ckpt.save(self.step, self.state, self.data.get_state(),
                    {"config": config_to_dict(self.config), "seed": self.config.seed,
-                    "step": self.step, "train_time_s": self.train_time})
+                    "step": self.step, "train_time_s": self.train_time,
+                    "frozen_digests": dict(self.frozen_digests)})
     return True
 
   def log_step(self, result: StepResult, seconds: float, compile_s: float,
@@ -440,7 +443,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
         nonfinite_count: Callable[[Any], tuple[int, int]] | None = None,
         postfix: Sequence[str] = (), finite_keys: Sequence[str] = (),
         eval_log: Sequence[str] | None = None, progress: bool = True,
-        on_exit: Callable[[], None] | None = None, resume_rules: ResumeRules | None = None) -> dict:
+        on_exit: Callable[[], None] | None = None, resume_rules: ResumeRules | None = None,
+        frozen: Mapping[str, Any] | None = None) -> dict:
   """Trains for config.steps steps in `workdir`, resuming from its latest checkpoint.
 
   Args:
@@ -463,6 +467,10 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       locked: where a trainer stops its background work.
     resume_rules: the experiment's config keys that may change on resume, and the values
       of keys older runs lack (`ResumeRules`), beside the harness's own (`RUN_RULES`).
+    frozen: {description: params, or a function returning them} of the models the run
+      reads from outside its workdir and keeps fixed (DPO's reference, a reward model).
+      Their digests go into every checkpoint; a resume whose models differ is refused,
+      naming them (the checkpoint alone cannot restore what they computed).
 
   Returns the last eval record ({} when evaluation is off).
   """
@@ -477,7 +485,8 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     ckpt = _start_over_if_asked(config, workdir, rules)
     try:
       _check_workdir(config, workdir, ckpt, rules, main)
-      r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count, eval_log)
+      r = _Run(config, workdir, evaluate, data, ckpt, nonfinite_count, eval_log,
+               frozen_digests=_frozen_digests(frozen or {}))
       mesh = sharding.for_config(config)  # the state lives sharded by the rules on it
       r.restore(lambda: sharding.shard(init_state(), mesh))
       if main:
@@ -494,6 +503,27 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
     finally:
       ckpt.close()
   return r.last_eval
+
+
+def _frozen_digests(frozen: Mapping[str, Any]) -> dict[str, str]:
+  return {name: checkpointing.base_digest(value() if callable(value) else value)
+          for name, value in frozen.items()}
+
+
+def _check_frozen(saved: Mapping[str, str] | None, now: Mapping[str, str], step: int,
+                  workdir: str) -> None:
+  """Refuses a resume whose fixed outside models differ from the ones the run was trained
+  with (checkpoints from before digests were recorded resume with a warning)."""
+  if saved is None:
+    if now:
+      log.warning("%s: checkpoint step %d predates digests of %s; resuming unchecked",
+                  workdir, step, ", ".join(now))
+    return
+  changed = sorted(name for name in saved.keys() | now.keys() if saved.get(name) != now.get(name))
+  if changed:
+    raise ValueError(f"{workdir}: the run was trained (to step {step}) with a different "
+                     f"{' and '.join(changed)} than the one loaded now; resuming would mix two "
+                     "runs. Load what it was trained with, or use a new workdir")
 
 
 def _check_workdir(config, workdir: str, ckpt: checkpointing.Checkpointer,
