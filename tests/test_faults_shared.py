@@ -375,3 +375,71 @@ def test_dpo_refuses_to_resume_against_a_changed_reference(tmp_path):
   with pytest.raises(ValueError, match=r"with a different reference \(.*model\) than the one "
                                        "loaded now"):
     dpo.train(config, run_dir, progress=False)
+
+
+# ----------------------------------------------------------------------------
+# A Hugging Face directory with what the transformer does not compute.
+
+
+def _tiny_hf(tmp_path, edit_config=None, edit_tensors=None) -> str:
+  from safetensors.numpy import load_file, save_file
+
+  path = str(tmp_path / "hf")
+  zoo.save_hf_dir(zoo.load("tiny"), path)
+  if edit_config:
+    with open(os.path.join(path, "config.json")) as f:
+      config = json.load(f)
+    edit_config(config)
+    with open(os.path.join(path, "config.json"), "w") as f:
+      json.dump(config, f)
+  if edit_tensors:
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    edit_tensors(tensors)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+  return path
+
+
+def _add(name, shape):
+  return lambda t: t.__setitem__(name, np.full(shape, 5.0, np.float32))
+
+
+@pytest.mark.parametrize("edit_config, edit_tensors, message", [
+    (None, _add("model.layers.0.self_attn.o_proj.bias", (64,)),
+     r"1 weights in the files are not part of the model .*o_proj.bias"),
+    (None, _add("model.layers.1.mlp.down_proj.bias", (64,)), "mlp.down_proj.bias"),
+    (None, _add("model.layers.2.input_layernorm.weight", (64,)), r"model.layers.2\."),
+    (lambda c: c.update(hidden_act="gelu"), None, "hidden_act 'gelu' is not supported"),
+    (lambda c: c.update(mlp_bias=True), None, "mlp_bias"),
+    (lambda c: c.update(attention_bias=True), None, "o_proj's included"),
+    (lambda c: c.pop("hidden_size"), None, "hidden_size missing"),
+    (None, lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"] + 1),
+     "lm_head.weight differs from the embedding"),
+])
+def test_a_hugging_face_directory_with_what_the_model_does_not_compute_is_refused(
+    tmp_path, edit_config, edit_tensors, message):
+  path = _tiny_hf(tmp_path, edit_config, edit_tensors)
+  with pytest.raises(ValueError, match=message):
+    zoo.load(path)
+
+
+def test_a_tied_models_saved_lm_head_equal_to_the_embedding_loads(tmp_path):
+  path = _tiny_hf(tmp_path, edit_tensors=lambda t: t.__setitem__(
+      "lm_head.weight", t["model.embed_tokens.weight"].copy()))
+  assert zoo.load(path).cfg.vocab_size == 320
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):
+  def shrink(tensors):
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:200]
+
+  path = _tiny_hf(tmp_path, lambda c: c.update(vocab_size=200), shrink)
+  with pytest.raises(ValueError, match="the tokenizer has 259 tokens, the model's vocabulary 200"):
+    zoo.load(path)
+
+
+def test_a_config_json_that_is_not_json_is_named(tmp_path):
+  path = _tiny_hf(tmp_path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    f.write("{garbage")
+  with pytest.raises(ValueError, match="config.json: not a readable JSON config"):
+    zoo.load(path)

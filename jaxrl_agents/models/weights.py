@@ -62,6 +62,29 @@ def _layer_keys(cfg: TransformerConfig) -> list[str]:
 # Hugging Face directories.
 
 
+_REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size")
+
+
+def _check_modelled(hf: dict[str, Any], model_type: str) -> None:
+  """Refuses, by name, what the transformer does not compute: loading such a model would
+  silently drop part of it (biases, another activation)."""
+  missing = [k for k in _REQUIRED_HF_KEYS if not isinstance(hf.get(k), int) or hf[k] < 1]
+  if missing:
+    raise ValueError(f"config.json: {', '.join(missing)} missing or not a positive integer")
+  act = hf.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"config.json hidden_act {act!r} is not supported (the transformer's "
+                     "MLP is SwiGLU: silu)")
+  if hf.get("mlp_bias"):
+    raise ValueError("config.json mlp_bias: the MLP's biases are not supported")
+  if hf.get("attention_bias") and model_type != "qwen2":
+    # Llama's attention_bias puts a bias on o_proj too; the transformer has q, k, v biases
+    # only (Qwen2's layout).
+    raise ValueError("config.json attention_bias: biases on the attention projections "
+                     "(o_proj's included) are not supported; Qwen2's q/k/v biases are")
+
+
 def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
   """A TransformerConfig from a Hugging Face config.json dict (Llama/Qwen2/Mistral)."""
   model_type = hf.get("model_type")
@@ -82,9 +105,10 @@ def config_from_hf(hf: dict[str, Any]) -> TransformerConfig:
                float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
   elif rope_type not in ("default", None):
     raise ValueError(f"rope type {rope_type!r} is not supported (only default and llama3)")
+  _check_modelled(hf, model_type)
   n_heads = hf["num_attention_heads"]
   head_dim = hf.get("head_dim") or hf["hidden_size"] // n_heads
-  qkv_bias = model_type == "qwen2" or bool(hf.get("attention_bias", False))
+  qkv_bias = model_type == "qwen2"
   return TransformerConfig(
       vocab_size=hf["vocab_size"],
       d_model=hf["hidden_size"],
@@ -196,12 +220,43 @@ def load_hf_dir(path: str) -> tuple[dict, TransformerConfig]:
   config_path = os.path.join(path, "config.json")
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{path!r} is not a Hugging Face model directory: no config.json")
-  with open(config_path) as f:
-    cfg = config_from_hf(json.load(f))
-  get, _ = read_safetensors_dir(path)
-  return _assemble(get, cfg, path, embed="model.embed_tokens.weight",
-                   layer_names=_HF_LAYER_NAMES, layer_prefix="model.layers.{i}.",
-                   final_norm="model.norm.weight", lm_head="lm_head.weight")
+  try:
+    with open(config_path, "rb") as f:
+      hf = json.loads(f.read())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{config_path}: not a readable JSON config ({e})") from None
+  if not isinstance(hf, dict):
+    raise ValueError(f"{config_path}: expected a JSON object")
+  cfg = config_from_hf(hf)
+  get, names = read_safetensors_dir(path)
+  used = set()
+
+  def tracked(name):
+    used.add(name)
+    return get(name)
+
+  params, cfg = _assemble(tracked, cfg, path, embed="model.embed_tokens.weight",
+                          layer_names=_HF_LAYER_NAMES, layer_prefix="model.layers.{i}.",
+                          final_norm="model.norm.weight", lm_head="lm_head.weight")
+  _check_all_used(names - used, get, params, cfg, path)
+  return params, cfg
+
+
+def _check_all_used(unused: set[str], get, params: dict, cfg: TransformerConfig,
+                    path: str) -> None:
+  """Every tensor in the files is a weight the model computes with: anything else (a
+  bias, an extra layer) would be dropped silently. Rotary tables are derived; a tied
+  model's saved lm_head is fine when it equals the embedding."""
+  unused = {n for n in unused if not n.endswith("rotary_emb.inv_freq")}
+  if cfg.tie_embeddings and "lm_head.weight" in unused:
+    if not np.array_equal(get("lm_head.weight"), params["embed"]):
+      raise ValueError(f"{path}: tie_word_embeddings is set but lm_head.weight differs from "
+                       "the embedding")
+    unused.discard("lm_head.weight")
+  if unused:
+    raise ValueError(f"{path}: {len(unused)} weights in the files are not part of the model "
+                     f"its config.json describes ({', '.join(sorted(unused)[:4])}); loading "
+                     "would drop them")
 
 
 def _assemble(get, cfg: TransformerConfig, path: str, *, embed: str, layer_names,

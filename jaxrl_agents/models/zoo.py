@@ -184,6 +184,11 @@ def load_dir(path: str, name: str | None = None) -> Model:
   else:
     params, cfg = weights.load_hf_dir(path)
   tok = tokenizer_lib.load_tokenizer(path)
+  tokens = len(tok.get_vocab())
+  if tokens > cfg.vocab_size:
+    # its ids past the embedding would be clamped or wrapped silently by the lookup
+    raise ValueError(f"{path}: the tokenizer has {tokens} tokens, the model's vocabulary "
+                     f"{cfg.vocab_size}; they do not belong together")
   return Model(params=params, cfg=cfg, tokenizer=tok, name=name or path)
 
 
