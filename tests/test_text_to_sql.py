@@ -194,3 +194,50 @@ def test_hostile_queries_through_the_host_loop_are_counted_and_change_nothing(tm
   assert info["success"] == 1.0 and float(out.episodes.traj.rewards[0]) == 1.0
   assert not out.failed.any() and out.counters["env_errors"] == 0
   assert _digest(env.dir) == before and not os.path.exists(evil)
+
+
+# One opcode can outrun sqlite's progress handler: the query's process is killed instead.
+_GLOB = ("SELECT printf('%.*c', 99990, 'a') GLOB '*' || replace(printf('%.*c', 16000, 'x'), "
+         "'x', '[a]') || 'b'")
+
+
+def test_a_query_stuck_in_one_opcode_is_killed_at_its_time_limit():
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  for sql in (_GLOB, _GLOB + " FROM employees"):
+    start = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="time limit of 1 s"):
+      text_to_sql.run_query(path, sql, time_limit_s=1.0)
+    assert time.monotonic() - start < 1.0 + text_to_sql._STARTUP_S + 1.0
+
+
+def test_a_query_result_and_its_temporary_storage_are_bounded(tmp_path, monkeypatch):
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  with pytest.raises(sqlite3.OperationalError, match="the result holds more than 1048576 bytes"):
+    text_to_sql.run_query(path, "SELECT printf('%.*c', 99000, 'x') FROM employees",
+                          max_rows=text_to_sql.MAX_ANSWER_ROWS)
+  # a sort far larger than sqlite's heap cap: an error, and no temporary file anywhere
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setenv("TMPDIR", str(temp))
+  monkeypatch.setenv("SQLITE_TMPDIR", str(temp))
+  big_sort = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) "
+              "SELECT x FROM c ORDER BY printf('%.*c', 400, x) LIMIT 1")
+  with pytest.raises(sqlite3.Error, match="out of memory|time limit|without a result"):
+    text_to_sql.run_query(path, big_sort, time_limit_s=5.0)
+  assert os.listdir(temp) == []
+
+
+def test_answer_queries_do_not_grow_the_callers_memory():
+  import resource
+
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  rows = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1001) "
+          "SELECT printf('%.*c', 99000, 'x') FROM c")
+  for _ in range(8):  # each built 1001 rows of 99 KB in its own process; refused there
+    with pytest.raises(sqlite3.OperationalError, match="more than"):
+      text_to_sql.run_query(path, rows, max_rows=text_to_sql.MAX_ANSWER_ROWS)
+  assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KB

@@ -16,9 +16,10 @@ Model output is hostile input. A query runs only if it is a single SELECT
 (sqlglot parses it: one statement, a query, no data or schema change anywhere
 in its tree; at most MAX_SQL_CHARS characters), on a connection opened
 read-only (`mode=ro`), with an authorizer that allows reading and ordinary
-functions only (no ATTACH, PRAGMA, writes or extension loading), a time
-limit enforced inside sqlite (a progress handler), and at most MAX_ROWS + 1
-rows fetched. The database files are written once, read-only, in a private
+functions only (no ATTACH, PRAGMA, writes or extension loading), in a process
+of its own killed at the time limit, with its memory, temporary storage and
+result size capped (`envs/sql_sandbox.py`), and at most MAX_ROWS + 1 rows
+fetched. The database files are written once, read-only, in a private
 temporary directory. Counted per step in `info`: sql_call, sql_error,
 refused, invalid (neither tag), success, partial_match.
 """
@@ -26,13 +27,15 @@ refused, invalid (neither tag), success, partial_match.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -41,7 +44,7 @@ import sqlglot
 from sqlglot import exp
 
 from jaxrl_agents import registry
-from jaxrl_agents.envs import base
+from jaxrl_agents.envs import base, sql_sandbox
 
 # sqlglot warns when it falls back to an opaque command for syntax it does not
 # model; such a statement is refused anyway, and hostile replies would flood the log.
@@ -59,10 +62,6 @@ QUERY_TIME_LIMIT_S = 2.0
 _FORBIDDEN = (exp.Insert, exp.Update, exp.Delete, exp.Drop, exp.Create, exp.Alter, exp.Command,
               exp.Pragma, exp.Attach, exp.Detach, exp.Transaction, exp.Commit, exp.Rollback,
               exp.Merge, exp.Set, exp.Use)
-# What the authorizer lets a statement do (sqlite3 action codes): read, and call functions.
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-            sqlite3.SQLITE_RECURSIVE}
-_DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
 
 SCHEMA = """CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT, department TEXT,
   city TEXT, salary INTEGER, hire_year INTEGER);
@@ -104,42 +103,44 @@ def check_select(sql: str) -> None:
       raise SqlRefused(f"only SELECT queries run here ({type(node).__name__.upper()} inside)")
 
 
-def _authorize(action, arg1, arg2, db_name, trigger):
-  del arg1, db_name, trigger
-  if action not in _ALLOWED:
-    return sqlite3.SQLITE_DENY
-  if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in _DENIED_FUNCTIONS:
-    return sqlite3.SQLITE_DENY
-  return sqlite3.SQLITE_OK
+# Starting the query's process (python -I -S, sqlite3): far less than this on any machine.
+_STARTUP_S = 2.0
 
 
 def run_query(path: str, sql: str, *, max_rows: int = MAX_ROWS,
               time_limit_s: float = QUERY_TIME_LIMIT_S) -> tuple[list[str], list[tuple]]:
   """(column names, up to max_rows + 1 rows) of a checked SELECT on the database at `path`,
-  opened read-only. Raises SqlRefused or sqlite3.Error."""
+  opened read-only, run in a process of its own that is killed at the time limit, with
+  its memory, temporary storage and result size capped (envs/sql_sandbox.py). Raises
+  SqlRefused or sqlite3.Error."""
   check_select(sql)
-  conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+  request = {"path": path, "sql": sql, "max_rows": max_rows, "time_limit_s": time_limit_s,
+             "max_value_bytes": MAX_VALUE_BYTES}
   try:
-    conn.set_authorizer(_authorize)
-    # printf('%.*c', ...), zeroblob() and friends build a value in one step, which the
-    # progress handler cannot interrupt: cap the size of any value instead.
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-    deadline = time.monotonic() + time_limit_s
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-    try:
-      cursor = conn.execute(sql)
-      rows = cursor.fetchmany(max_rows + 1)
-    except sqlite3.OperationalError as e:
-      if str(e) == "interrupted":
-        raise sqlite3.OperationalError(
-            f"the query ran past its time limit of {time_limit_s:g} s") from None
-      if str(e).startswith("not authorized"):
-        raise sqlite3.OperationalError(
-            f"only reading the tables is allowed ({e})") from None
-      raise
-    return [d[0] for d in cursor.description or ()], rows
-  finally:
-    conn.close()
+    done = subprocess.run([sys.executable, "-I", "-S", sql_sandbox.__file__],
+                          input=json.dumps(request), capture_output=True, text=True,
+                          timeout=time_limit_s + _STARTUP_S)
+  except subprocess.TimeoutExpired:  # killed: whatever the query was doing, it stops
+    raise sqlite3.OperationalError(
+        f"the query ran past its time limit of {time_limit_s:g} s") from None
+  try:
+    reply = json.loads(done.stdout)
+  except ValueError:
+    raise sqlite3.OperationalError(
+        f"the query's process ended without a result (status {done.returncode}: past its "
+        "memory or CPU limits)") from None
+  if "error" in reply:
+    message = reply["message"]
+    if message == "interrupted":
+      message = f"the query ran past its time limit of {time_limit_s:g} s"
+    elif message.startswith("not authorized"):
+      message = f"only reading the tables is allowed ({message})"
+    error = getattr(sqlite3, reply["error"], sqlite3.Error)
+    raise (error if isinstance(error, type) and issubclass(error, sqlite3.Error)
+           else sqlite3.Error)(message)
+  rows = [tuple(bytes.fromhex(v["blob"]) if isinstance(v, dict) else v for v in row)
+          for row in reply["rows"]]
+  return reply["columns"], rows
 
 
 def _cell(value) -> str:
