@@ -443,3 +443,12 @@ def test_a_config_json_that_is_not_json_is_named(tmp_path):
     f.write("{garbage")
   with pytest.raises(ValueError, match="config.json: not a readable JSON config"):
     zoo.load(path)
+
+
+def test_a_garbage_tokenizer_json_is_named(tmp_path):
+  path = _tiny_hf(tmp_path)
+  with open(os.path.join(path, "tokenizer.json"), "w") as f:
+    f.write("garbage")
+  with pytest.raises(ValueError, match=r"tokenizer.json \(or tokenizer_config.json\): cannot "
+                                       "be loaded"):
+    zoo.load(path)

@@ -241,3 +241,27 @@ def test_answer_queries_do_not_grow_the_callers_memory():
     with pytest.raises(sqlite3.OperationalError, match="more than"):
       text_to_sql.run_query(path, rows, max_rows=text_to_sql.MAX_ANSWER_ROWS)
   assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KB
+
+
+def test_databases_of_a_killed_run_are_removed_by_the_next(tmp_path, monkeypatch):
+  import signal
+  import subprocess
+  import sys
+  import tempfile
+
+  monkeypatch.setenv("TMPDIR", str(tmp_path))
+  monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+  code = ("from jaxrl_agents import envs\n"
+          "env = envs.make('text_to_sql', None, databases=1); env.database(0)\n"
+          "print(env.dir, flush=True)\n"
+          "import time; time.sleep(600)\n")
+  child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+  orphan = child.stdout.readline().strip()
+  assert os.path.isdir(orphan) and orphan.startswith(str(tmp_path))
+  live = envs.make("text_to_sql", None, databases=1)  # its owner lives: kept
+  assert os.path.isdir(orphan)
+  child.send_signal(signal.SIGKILL)
+  child.wait()
+  envs.make("text_to_sql", None, databases=1)
+  assert not os.path.exists(orphan) and os.path.isdir(live.dir)

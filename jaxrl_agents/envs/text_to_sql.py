@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -277,6 +278,31 @@ class SqlEpisode:
     return base.HostStep("", reward, True, info)
 
 
+_DIR_PREFIX = "jaxrl_text_to_sql_"
+_OWNER_FILE = "owner"  # "<pid> <host>" of the process whose databases these are
+
+
+def _remove_orphans() -> None:
+  """Deletes the database directories of this user's processes that died without cleaning
+  up (a SIGKILLed run): their owner's pid is gone on this host."""
+  root = tempfile.gettempdir()
+  for name in os.listdir(root):
+    path = os.path.join(root, name)
+    if not name.startswith(_DIR_PREFIX) or os.path.islink(path) or not os.path.isdir(path):
+      continue
+    try:
+      if os.stat(path).st_uid != os.geteuid():
+        continue
+      with open(os.path.join(path, _OWNER_FILE)) as f:
+        pid, host = f.read().split()
+      os.kill(int(pid), 0)
+    except ProcessLookupError:
+      if host == socket.gethostname():
+        shutil.rmtree(path, ignore_errors=True)
+    except (OSError, ValueError):
+      continue  # not ours, being created, or an owner that lives
+
+
 class TextToSql:
   """The environment: questions over `databases` generated databases (a host environment)."""
 
@@ -289,7 +315,10 @@ class TextToSql:
     if reward not in ("execution", "partial"):
       raise ValueError(f"text_to_sql: reward must be 'execution' or 'partial', got {reward!r}")
     self.databases, self.reward = databases, reward
-    self.dir = tempfile.mkdtemp(prefix="jaxrl_text_to_sql_")
+    _remove_orphans()
+    self.dir = tempfile.mkdtemp(prefix=_DIR_PREFIX)
+    with open(os.path.join(self.dir, _OWNER_FILE), "w") as f:
+      f.write(f"{os.getpid()} {socket.gethostname()}")
     weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)
     self._tables: dict[int, dict] = {}
     self._lock = threading.Lock()

@@ -150,7 +150,11 @@ def load_tokenizer(path: str):
   from transformers import AutoTokenizer
   if not os.path.isfile(os.path.join(path, "tokenizer.json")):
     raise FileNotFoundError(f"no tokenizer.json in {path!r}")
-  tok = AutoTokenizer.from_pretrained(path)
+  try:
+    tok = AutoTokenizer.from_pretrained(path)
+  except Exception as e:  # noqa: BLE001 - the library's errors do not name the file
+    raise ValueError(f"{os.path.join(path, 'tokenizer.json')} (or tokenizer_config.json): "
+                     f"cannot be loaded ({type(e).__name__}: {str(e)[:200]})") from None
   tok.padding_side = "left"
   return ensure_safe_pad_token(tok)
 
