@@ -271,3 +271,32 @@ def test_every_jax_environment_plays_the_same_episodes_scanned_and_turn_by_turn(
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   a.traj.check()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("-1", -1), ("square -1", -1), ("5-3", -3), ("- 3", 3), ("7", 7), ("a -12 b", -12),
+    ("-1 then 4", 4), ("x-0", 0), ("--2", -2), ("no number", None)])
+def test_a_minus_sign_right_before_a_number_makes_it_negative_as_the_host_reads_it(
+    tiny, text, expected):
+  import re
+
+  reader = base.number_reader(tiny.tokenizer)
+  ids = tiny.tokenizer.encode(text, add_special_tokens=False)
+  value, found = base.last_number(reader, base.Tokens(jnp.asarray(ids), jnp.ones(len(ids), bool)))
+  host = re.findall(r"-?[0-9]+", text)
+  assert (int(value) if bool(found) else None) == expected
+  assert (int(host[-1]) if host else None) == expected  # guess_number_host's reading
+
+
+def test_tic_tac_toe_reads_minus_one_as_no_square(tiny):
+  env = envs.make("tic_tac_toe", tiny.tokenizer, opponent="first")
+  # the agent moves first: square 1 is free, so reading "-1" as 1 would be a legal move
+  task = env.sample_task(jax.random.key(0))._replace(agent_first=jnp.bool_(True))
+  state, _ = env.reset(jax.random.key(1), task)
+
+  def play(text):
+    ids = tiny.tokenizer.encode(text, add_special_tokens=False)
+    return env.step(state, base.Tokens(jnp.asarray(ids), jnp.ones(len(ids), bool)))
+
+  assert float(play("1").info["invalid"]) == 0.0
+  assert float(play("-1").info["invalid"]) == 1.0

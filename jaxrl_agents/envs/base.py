@@ -192,12 +192,14 @@ class NumberReader(NamedTuple):
 
   value[t]: the integer a token's text spells when it is only ASCII digits
   (after one optional leading space), else -1; digits[t]: how many digits;
-  fresh[t]: the token starts with a space (a new number, not a continuation).
+  fresh[t]: the token starts with a space (a new number, not a continuation);
+  minus[t]: the token's text ends with "-" (a number right after it is negative).
   """
 
   value: jax.Array
   digits: jax.Array
   fresh: jax.Array
+  minus: jax.Array | None = None  # None: no token is a minus sign
 
 
 # Large enough for any game here; reading saturates at it (see `last_number`).
@@ -211,40 +213,50 @@ def number_reader(tokenizer) -> NumberReader:
   value = np.full(size, -1, np.int32)
   digits = np.zeros(size, np.int32)
   fresh = np.zeros(size, bool)
+  minus = np.zeros(size, bool)
   for token_id in range(size):
     text = tokenizer.decode([token_id])
     body = text[1:] if text.startswith(" ") else text
     if 0 < len(body) <= 6 and body.isascii() and body.isdigit():
       value[token_id], digits[token_id], fresh[token_id] = int(body), len(body), text != body
-  return NumberReader(jnp.asarray(value), jnp.asarray(digits), jnp.asarray(fresh))
+    minus[token_id] = text.endswith("-")
+  return NumberReader(jnp.asarray(value), jnp.asarray(digits), jnp.asarray(fresh),
+                      jnp.asarray(minus))
 
 
 def last_number(reader: NumberReader, action: Tokens) -> tuple[jax.Array, jax.Array]:
   """(int32 value, bool found) of the last run of digit tokens in one action row.
 
-  Values are capped at NUMBER_CAP (a longer number reads as NUMBER_CAP, which
-  no game here accepts). Linear in the row's width.
+  A run right after a token ending in "-" (no space between) is negative: "-1" reads -1,
+  which no square, guess or count here accepts. Magnitudes are capped at NUMBER_CAP (a
+  longer number reads as NUMBER_CAP, which no game here accepts). Linear in the row's
+  width.
   """
   ids = jnp.clip(action.ids, 0, reader.value.shape[0] - 1)
   value, digits, fresh = reader.value[ids], reader.digits[ids], reader.fresh[ids]
+  minus = (reader.minus[ids] if reader.minus is not None else jnp.zeros_like(fresh)) \
+      & action.mask
   is_digit = action.mask & (value >= 0)
 
   def scan(carry, x):
-    current, in_number, last, found = carry
-    v, d, f, is_d = x
+    current, in_number, negative, after_minus, last, found = carry
+    v, d, f, is_d, m = x
     scale = 10 ** jnp.minimum(d, 6)
     # Saturate before multiplying: current * scale can leave int32 (1e6 * 1e6).
     extended = jnp.where(current > (NUMBER_CAP - v) // scale, NUMBER_CAP, current * scale + v)
     start = ~in_number | f
     new_current = jnp.where(is_d, jnp.where(start, v, extended), current)
+    new_negative = jnp.where(is_d & start, after_minus & ~f, negative)
     closes = in_number & (~is_d | f)
-    last = jnp.where(closes, current, last)
+    last = jnp.where(closes, jnp.where(negative, -current, current), last)
     found = found | closes
-    return (new_current, is_d, last, found), None
+    return (new_current, is_d, new_negative, m & ~is_d, last, found), None
 
-  init = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.bool_(False))
-  (current, in_number, last, found), _ = jax.lax.scan(scan, init, (value, digits, fresh, is_digit))
-  return jnp.where(in_number, current, last), found | in_number
+  init = (jnp.int32(0), jnp.bool_(False), jnp.bool_(False), jnp.bool_(False), jnp.int32(0),
+          jnp.bool_(False))
+  (current, in_number, negative, _, last, found), _ = jax.lax.scan(
+      scan, init, (value, digits, fresh, is_digit, minus))
+  return jnp.where(in_number, jnp.where(negative, -current, current), last), found | in_number
 
 
 class KeywordReader(NamedTuple):

@@ -141,11 +141,12 @@ class _HostEpisode:
 
   def step(self, reply: str) -> base.HostStep:
     texts = reply_texts(self.low, self.high)
-    numbers = re.findall(r"[0-9]+", reply)  # linear; ASCII digits only, as the JAX reader
+    # linear; ASCII digits only and a minus sign right before them, as the JAX reader
+    numbers = re.findall(r"-?[0-9]+", reply)
     if not numbers:
       return base.HostStep(texts[INVALID], 0.0, False, {"invalid": 1.0, "success": 0.0})
-    digits = numbers[-1]
-    guess = base.NUMBER_CAP if len(digits) > 6 else int(digits)  # saturates, as last_number
+    sign, digits = (-1, numbers[-1][1:]) if numbers[-1].startswith("-") else (1, numbers[-1])
+    guess = sign * (base.NUMBER_CAP if len(digits) > 6 else int(digits))  # as last_number
     if guess == self.target:
       return base.HostStep(texts[CORRECT], 1.0, True, {"invalid": 0.0, "success": 1.0})
     return base.HostStep(texts[HIGHER if guess < self.target else LOWER], 0.0, False,
