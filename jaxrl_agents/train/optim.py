@@ -233,12 +233,16 @@ ABSURD_UPDATE = 100.0
 
 
 def skip_absurd_update(params, opt_state, updates, new_state):
-  """(params + updates, new_state), or, when an update is absurd (`ABSURD_UPDATE`, or not
-  finite after scaling), (params, opt_state) with the skip counted as `apply_if_finite`
-  counts a non-finite gradient: the harness's non-finite streak then stops the run."""
-  new_params = optax.apply_updates(params, updates)
+  """(params + updates, new_state), or, when the update is absurd (`ABSURD_UPDATE`, or not
+  finite after scaling), the params unchanged and the skip counted as `apply_if_finite`
+  counts a non-finite gradient (the harness's non-finite streak then stops the run).
+
+  Only the update is selected (zeroed), not the optimizer's state: a select over the
+  moments made XLA keep a second copy of them and compile the update several times
+  slower. So a skipped absurd update still advances the moments (which the finite
+  gradient made; the absurd part is the step size)."""
   if not isinstance(opt_state, optax.ApplyIfFiniteState):
-    return new_params, new_state
+    return optax.apply_updates(params, updates), new_state
 
   def max_abs(tree):
     leaves = [jnp.max(jnp.abs(x)).astype(jnp.float32)
@@ -247,11 +251,12 @@ def skip_absurd_update(params, opt_state, updates, new_state):
 
   # NaN compares false: a non-finite update is absurd too.
   sane = max_abs(updates) <= ABSURD_UPDATE * jnp.maximum(max_abs(params), 1.0)
-  skipped = opt_state._replace(notfinite_count=opt_state.notfinite_count + 1,
-                               last_finite=jnp.array(False),
-                               total_notfinite=opt_state.total_notfinite + 1)
-  return jax.tree.map(lambda new, old: jnp.where(sane, new, old),
-                      (new_params, new_state), (params, skipped))
+  updates = jax.tree.map(lambda u: jnp.where(sane, u, jnp.zeros_like(u)), updates)
+  new_state = new_state._replace(
+      notfinite_count=jnp.where(sane, new_state.notfinite_count, opt_state.notfinite_count + 1),
+      last_finite=new_state.last_finite & sane,
+      total_notfinite=jnp.where(sane, new_state.total_notfinite, opt_state.total_notfinite + 1))
+  return optax.apply_updates(params, updates), new_state
 
 
 def update_state(optimizer: Optimizer, loss_fn, state, batch, rng: jax.Array,
