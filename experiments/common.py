@@ -102,9 +102,7 @@ def validate_common(config) -> None:
   kl = config.get("kl_coef", 0.0)
   if not (isinstance(kl, int | float) and math.isfinite(kl) and kl >= 0):
     raise ValueError(f"config.kl_coef must be a finite number >= 0 (0: no KL term), got {kl!r}")
-  lr = config.optimizer.learning_rate
-  if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
-    raise ValueError(f"config.optimizer.learning_rate must be a finite number > 0, got {lr!r}")
+  optim_lib.check_learning_rate(config.optimizer.learning_rate, "config.optimizer.learning_rate")
   if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
     raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
                      f"got {config.prompt_overflow!r}")

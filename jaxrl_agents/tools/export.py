@@ -29,9 +29,6 @@ import stat
 import sys
 import tempfile
 
-import jax
-import numpy as np
-
 from jaxrl_agents.models import lora, weights, zoo
 from jaxrl_agents.train import checkpointing
 
@@ -137,25 +134,14 @@ def _write_adapters(args, model, meta: dict, step: int) -> None:
                step, args.adapters)
 
 
-# No trained language model's weight comes near this (their largest are in the tens to
-# hundreds); a run whose learning rate blew up does, long before float32 overflows.
-ABSURD_WEIGHT = 1e6
-
-
 def _check_weights(params, source: str) -> None:
-  """Refuses, naming the first array, weights that are not finite or are absurdly large."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    x = np.asarray(leaf)
-    if not np.issubdtype(x.dtype, np.floating):
-      continue
-    name = jax.tree_util.keystr(path)
-    if not np.isfinite(x).all():
-      raise SystemExit(f"{source}: weight {name} is not finite ({int((~np.isfinite(x)).sum())} "
-                       "values); not exported")
-    biggest = float(np.abs(x).max()) if x.size else 0.0
-    if biggest > ABSURD_WEIGHT:
-      raise SystemExit(f"{source}: weight {name} holds {biggest:.3g}, beyond any trained "
-                       f"model's (> {ABSURD_WEIGHT:g}); the run diverged. Not exported")
+  """Refuses, naming the array, weights that are not finite or are absurdly large."""
+  found = checkpointing.absurd_weight(params)
+  if found:
+    name, value = found
+    raise SystemExit(f"{source}: weight {name} holds {value:.3g} (not finite, or beyond any "
+                     f"trained model's > {checkpointing.ABSURD_WEIGHT:g}): the run diverged. "
+                     "Not exported")
 
 
 @contextlib.contextmanager

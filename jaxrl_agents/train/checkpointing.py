@@ -32,6 +32,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -47,6 +48,25 @@ class CorruptCheckpoint(ValueError):
 
 class BaseModelMismatch(ValueError):
   """A checkpoint of LoRA adapters whose base weights differ from the model loaded now."""
+
+
+# No trained language model's weight comes near this (their largest are in the tens to
+# hundreds); a run whose learning rate blew up does, long before float32 overflows.
+ABSURD_WEIGHT = 1e6
+
+
+def absurd_weight(tree: Any, skip: str = "opt_state") -> tuple[str, float] | None:
+  """(path, value) of the first floating array (outside paths containing `skip`: the
+  optimizer's moments) that is not finite or holds a magnitude above ABSURD_WEIGHT."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    name = jax.tree_util.keystr(path)
+    if skip in name or not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating) \
+        or not leaf.size:
+      continue
+    biggest = float(jnp.max(jnp.abs(leaf)))
+    if not biggest <= ABSURD_WEIGHT:  # NaN included
+      return name, biggest
+  return None
 
 
 def base_digest(base: Any) -> str:

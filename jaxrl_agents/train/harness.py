@@ -401,6 +401,14 @@ class _Run:
       log.warning("not checkpointing step %d: the last %d updates were skipped as non-finite",
                   self.step, skipped)
       return False
+    absurd = checkpointing.absurd_weight(self.state)
+    if absurd:  # finite but blown up: never kept as the run's newest checkpoint
+      steps = self.ckpt.steps()
+      where = (f"the newest checkpoint, step {steps[-1]}, predates it" if steps else
+               "no checkpoint was written before it")
+      raise TrainingStopped(f"step {self.step}: weight {absurd[0]} holds {absurd[1]:.3g} (not "
+                            f"finite, or > {checkpointing.ABSURD_WEIGHT:g}): the run diverged; "
+                            f"not checkpointed, stopping: {where} ({self.ckpt.directory}).")
     self.ckpt.save(self.step, self.state, self.data.get_state(),
                    {"config": config_to_dict(self.config), "seed": self.config.seed,
                     "step": self.step, "train_time_s": self.train_time,
@@ -641,6 +649,5 @@ def _check_nonfinite(r: _Run, limit: int) -> None:
     where = (f"the newest checkpoint, step {steps[-1]}, predates the streak"
              if steps else "no checkpoint was written before it")
     raise TrainingStopped(
-        f"{consecutive} consecutive updates had a non-finite loss or gradient, or an absurd "
-        f"size (step {r.step}; optim.ABSURD_UPDATE), and were skipped; stopping: {where} "
-        f"({r.ckpt.directory}).")
+        f"{consecutive} consecutive updates had a non-finite loss or gradient (step "
+        f"{r.step}); stopping: {where} ({r.ckpt.directory}).")

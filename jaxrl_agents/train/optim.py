@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -103,6 +104,21 @@ def _check_groups(groups: Mapping[str, Mapping[str, Any]], label_fn, settings: d
                        f"settings: {sorted(settings)}")
 
 
+# AdamW moves each weight by about the learning rate per update (Adam's normalized step),
+# so a rate above this moves a weight by more than its own typical size every update:
+# a run at 1e30 reached finite weights of 1e30 after one update, which no non-finite
+# check sees. Refused up front; the export and the harness refuse absurd weights too.
+MAX_LEARNING_RATE = 1.0
+
+
+def check_learning_rate(rate, name: str = "learning_rate") -> None:
+  """Raises ValueError unless `rate` is a finite number in (0, MAX_LEARNING_RATE]."""
+  if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) \
+      or not 0 < rate <= MAX_LEARNING_RATE:
+    raise ValueError(f"{name} must be a finite number > 0 and at most {MAX_LEARNING_RATE:g} "
+                     f"(AdamW moves each weight by about the rate per update), got {rate!r}")
+
+
 def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
     decay: str = "constant", end_fraction: float = 0.0, clock: str = "updates",
@@ -135,6 +151,10 @@ def make_optimizer(
   """
   if clock not in CLOCKS:
     raise ValueError(f"unknown learning-rate clock {clock!r}; expected one of {CLOCKS}")
+  for name, rate in [("learning_rate", learning_rate)] + [
+      (f"groups.{label}.learning_rate", o["learning_rate"]) for label, o in (groups or {}).items()
+      if "learning_rate" in o]:
+    check_learning_rate(rate, name)
   if decay not in SCHEDULES:
     raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
   by_updates = clock == "updates"
@@ -218,45 +238,12 @@ def minibatch_updates(loss_fn, tx: optax.GradientTransformation, params, opt_sta
     # A non-finite loss must skip the update even if the gradient happens to be finite.
     grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
     metrics = {**metrics, "grad_norm": optax.global_norm(grads)}
-    updates, new_state = tx.update(grads, opt_state, params)
+    updates, opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree.map(lambda u: (u * lr_scale).astype(u.dtype), updates)
-    return skip_absurd_update(params, opt_state, updates, new_state), metrics
+    return (optax.apply_updates(params, updates), opt_state), metrics
 
   (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), orders)
   return params, opt_state, reduce_update_metrics(metrics), orders.shape[0]
-
-
-# An update that moves some weight by more than this many times the largest weight (or 1)
-# is not learning: a learning rate of 1e30 gives finite weights of ~1e30 after one update,
-# which the non-finite check alone lets through (and a checkpoint would then keep).
-ABSURD_UPDATE = 100.0
-
-
-def skip_absurd_update(params, opt_state, updates, new_state):
-  """(params + updates, new_state), or, when the update is absurd (`ABSURD_UPDATE`, or not
-  finite after scaling), the params unchanged and the skip counted as `apply_if_finite`
-  counts a non-finite gradient (the harness's non-finite streak then stops the run).
-
-  Only the update is selected (zeroed), not the optimizer's state: a select over the
-  moments made XLA keep a second copy of them and compile the update several times
-  slower. So a skipped absurd update still advances the moments (which the finite
-  gradient made; the absurd part is the step size)."""
-  if not isinstance(opt_state, optax.ApplyIfFiniteState):
-    return optax.apply_updates(params, updates), new_state
-
-  def max_abs(tree):
-    leaves = [jnp.max(jnp.abs(x)).astype(jnp.float32)
-              for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating) and x.size]
-    return jnp.max(jnp.stack(leaves)) if leaves else jnp.float32(0)
-
-  # NaN compares false: a non-finite update is absurd too.
-  sane = max_abs(updates) <= ABSURD_UPDATE * jnp.maximum(max_abs(params), 1.0)
-  updates = jax.tree.map(lambda u: jnp.where(sane, u, jnp.zeros_like(u)), updates)
-  new_state = new_state._replace(
-      notfinite_count=jnp.where(sane, new_state.notfinite_count, opt_state.notfinite_count + 1),
-      last_finite=new_state.last_finite & sane,
-      total_notfinite=jnp.where(sane, new_state.total_notfinite, opt_state.total_notfinite + 1))
-  return optax.apply_updates(params, updates), new_state
 
 
 def update_state(optimizer: Optimizer, loss_fn, state, batch, rng: jax.Array,
