@@ -426,18 +426,12 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):
     zoo.load(path)
 
 
-def test_a_config_json_that_is_not_json_is_named(tmp_path):
+@pytest.mark.parametrize("name, message", [
+    ("config.json", "config.json: not a readable JSON config"),
+    ("tokenizer.json", r"tokenizer.json \(or tokenizer_config.json\): cannot be loaded")])
+def test_a_garbage_config_or_tokenizer_file_is_named(tmp_path, name, message):
   path = _tiny_hf(tmp_path)
-  with open(os.path.join(path, "config.json"), "w") as f:
+  with open(os.path.join(path, name), "w") as f:
     f.write("{garbage")
-  with pytest.raises(ValueError, match="config.json: not a readable JSON config"):
-    zoo.load(path)
-
-
-def test_a_garbage_tokenizer_json_is_named(tmp_path):
-  path = _tiny_hf(tmp_path)
-  with open(os.path.join(path, "tokenizer.json"), "w") as f:
-    f.write("garbage")
-  with pytest.raises(ValueError, match=r"tokenizer.json \(or tokenizer_config.json\): cannot "
-                                       "be loaded"):
+  with pytest.raises(ValueError, match=message):
     zoo.load(path)
