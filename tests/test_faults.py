@@ -211,23 +211,25 @@ def test_a_workdir_whose_checkpoints_are_all_damaged_is_refused_not_overwritten(
 
 
 def _train_until_blowup(config, run_dir, blowup_at):
-  """Least squares whose parameters turn huge at step `blowup_at` (a bad update that
-  stays finite); every later loss is inf, so those updates are skipped."""
+  """Least squares that a bad update at step `blowup_at` poisons: every later loss is inf
+  (the weights stay sane: weights that blow up are test_faults_shared's), so those updates
+  are skipped."""
   data = Batches()
 
   def train_step(state, rng, progress):
     del rng, progress
     x, y = next(data)
     loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(state["w"])
+    loss = jnp.where(state["poisoned"], jnp.inf, loss)
     finite = bool(jnp.isfinite(loss))
     w = state["w"] - 0.1 * grad if finite else state["w"]
-    if int(state["updates"]) + 1 == blowup_at:
-      w = w + 1e30
+    poisoned = state["poisoned"] | (int(state["updates"]) + 1 == blowup_at)
     return harness.StepResult(
-        {"w": w, "updates": state["updates"] + 1,
+        {"w": w, "updates": state["updates"] + 1, "poisoned": poisoned,
          "streak": jnp.where(finite, 0, state["streak"] + 1)}, {"loss": float(loss)}, [])
 
-  init = {"w": jnp.zeros(3), "updates": jnp.int32(0), "streak": jnp.int32(0)}
+  init = {"w": jnp.zeros(3), "updates": jnp.int32(0), "streak": jnp.int32(0),
+          "poisoned": jnp.bool_(False)}
   return harness.run(config, run_dir, init_state=lambda: init, train_step=train_step,
                      evaluate=None, data=data,
                      nonfinite_count=lambda s: (int(s["streak"]), 0), progress=False)
@@ -242,10 +244,10 @@ def test_no_checkpoint_is_written_during_a_nonfinite_streak(tmp_path):
   ckpt = checkpointing.Checkpointer(run_dir)
   assert ckpt.steps() == [4, 5, 6]
   _, state, _, _ = ckpt.restore_latest({"w": jnp.zeros(3), "updates": jnp.int32(0),
-                                        "streak": jnp.int32(0)})
+                                        "streak": jnp.int32(0), "poisoned": jnp.bool_(False)})
   ckpt.close()
-  # Step 6's parameters are the blown-up ones (finite, but every loss after is inf):
-  # the streak started at step 7, and nothing after it was saved.
+  # Step 6's update poisoned the run (every loss after is inf): the streak started at
+  # step 7, and nothing after it was saved.
   assert int(state["streak"]) == 0 and int(state["updates"]) == 6
 
 

@@ -250,7 +250,7 @@ def test_export_refuses_weights_that_are_not_finite_or_absurd():
     ("samples_per_log", -1, "samples_per_log must be an integer >= 0"),
     ("kl_coef", -0.1, "kl_coef must be a finite number >= 0"),
     ("kl_coef", float("nan"), "kl_coef must be a finite number >= 0"),
-    ("time_budget_s", float("nan"), "time_budget_s must be a finite number >= 0"),
+    ("time_budget_s", float("nan"), "time_budget_s must be >= 0 and finite"),
 ])
 def test_meaningless_schedule_values_are_named_before_the_workdir_is_made(tmp_path, key, value,
                                                                            message):

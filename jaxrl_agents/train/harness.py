@@ -249,7 +249,7 @@ def validate_run_keys(config) -> None:
     value = config.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
         or value == float("inf"):
-      raise ValueError(f"config.{key} must be a finite number >= 0, got {value!r}")
+      raise ValueError(f"config.{key} must be >= 0 and finite (0 turns it off), got {value!r}")
 
 
 # The schedule's integer keys: the least value each takes, and what it means.
