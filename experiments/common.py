@@ -99,10 +99,7 @@ def validate_common(config) -> None:
   for key in ("time_budget_s", "eval_every_s"):
     if config.get(key, 0) < 0:
       raise ValueError(f"config.{key} must be >= 0 (0 turns it off), got {config[key]}")
-  kl = config.get("kl_coef", 0.0)
-  if not (isinstance(kl, int | float) and math.isfinite(kl) and kl >= 0):
-    raise ValueError(f"config.kl_coef must be a finite number >= 0 (0: no KL term), got {kl!r}")
-  optim_lib.check_learning_rate(config.optimizer.learning_rate, "config.optimizer.learning_rate")
+  _validate_rates(config)
   if config.get("prompt_overflow", "error") not in single_turn.PROMPT_OVERFLOW:
     raise ValueError(f"config.prompt_overflow must be one of {single_turn.PROMPT_OVERFLOW}, "
                      f"got {config.prompt_overflow!r}")
@@ -126,6 +123,14 @@ def validate_common(config) -> None:
     raise ValueError(f"share_prompt keeps each prompt's group in one minibatch: "
                      f"prompts_per_step = {config.prompts_per_step} is not divisible by "
                      f"minibatches = {config.minibatches} (or set share_prompt=False)")
+
+
+def _validate_rates(config) -> None:
+  """The learning rate and the KL coefficient: finite, in range."""
+  kl = config.get("kl_coef", 0.0)
+  if not (isinstance(kl, int | float) and math.isfinite(kl) and kl >= 0):
+    raise ValueError(f"config.kl_coef must be a finite number >= 0 (0: no KL term), got {kl!r}")
+  optim_lib.check_learning_rate(config.optimizer.learning_rate, "config.optimizer.learning_rate")
 
 
 def _validate_decoding(config) -> None:

@@ -210,7 +210,12 @@ def evaluate(params, model, examples: Sequence[Mapping[str, Any]], fmt: TaskForm
             "format": dataclasses.asdict(fmt), "seconds": seconds,
             "grader_timeouts": {name: time_limit.timeouts(fn) for name, fn in graders.items()},
             "graders": report}
-  prompts = format_prompts(examples, fmt.template)
+  return result, _sample_records(examples, format_prompts(examples, fmt.template), groups,
+                                 greedy, sampled, k, verdicts)
+
+
+def _sample_records(examples, prompts, groups, greedy, sampled, k, verdicts) -> list[dict]:
+  """One record per example: its prompt, answer, replies and each grader's verdicts."""
   samples = []
   for i, ex in enumerate(examples):
     record = {"index": i, "group": groups[i], "prompt": prompts[i], "answer": ex.get("answer")}
@@ -221,7 +226,7 @@ def evaluate(params, model, examples: Sequence[Mapping[str, Any]], fmt: TaskForm
       record["samples"] = sampled[i * k:(i + 1) * k]
       record["sample_verdicts"] = {name: v[1][i].tolist() for name, v in verdicts.items()}
     samples.append(record)
-  return result, samples
+  return samples
 
 
 def _grade(graders, examples, groups: list[str], greedy: list[str], sampled: list[str],

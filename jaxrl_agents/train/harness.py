@@ -482,9 +482,7 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
 
   Returns the last eval record ({} when evaluation is off).
   """
-  validate_run_keys(config)
-  workdir_lib.check_not_foreign(workdir)
-  distributed.check_same_config(flat_config(config))
+  _check_before_writing(config, workdir)
   rules = RUN_RULES.merged(resume_rules or ResumeRules())
   # With several processes (`distributed`), the first holds the lock and writes the logs;
   # all of them run the same steps and write the checkpoints together.
@@ -500,17 +498,31 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       if main:
         with open(os.path.join(workdir, "config.json"), "w") as f:
           json.dump(config_to_dict(config), f, indent=2)
-      try:
-        _loop(r, train_step, postfix, finite_keys, progress and main)
-      finally:
-        try:
-          if on_exit is not None:
-            on_exit()
-        finally:
-          r.writer.close()
+      _loop_then_close(r, train_step, postfix, finite_keys, progress and main, on_exit)
     finally:
       ckpt.close()
   return r.last_eval
+
+
+def _check_before_writing(config, workdir: str) -> None:
+  """What must hold before a run writes anything: its keys, a workdir that is not a model
+  directory, every process started with the same config."""
+  validate_run_keys(config)
+  workdir_lib.check_not_foreign(workdir)
+  distributed.check_same_config(flat_config(config))
+
+
+def _loop_then_close(r: _Run, train_step, postfix, finite_keys, progress: bool,
+                     on_exit: Callable[[], None] | None) -> None:
+  """`_loop`, then the trainer's `on_exit` and the log writer's close, however it ends."""
+  try:
+    _loop(r, train_step, postfix, finite_keys, progress)
+  finally:
+    try:
+      if on_exit is not None:
+        on_exit()
+    finally:
+      r.writer.close()
 
 
 def _frozen_digests(frozen: Mapping[str, Any]) -> dict[str, str]:

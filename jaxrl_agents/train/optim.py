@@ -119,6 +119,14 @@ def check_learning_rate(rate, name: str = "learning_rate") -> None:
                      f"(AdamW moves each weight by about the rate per update), got {rate!r}")
 
 
+def _check_rates(learning_rate, groups) -> None:
+  """The main rate and each group's own (`check_learning_rate`)."""
+  check_learning_rate(learning_rate)
+  for label, overrides in (groups or {}).items():
+    if "learning_rate" in overrides:
+      check_learning_rate(overrides["learning_rate"], f"groups.{label}.learning_rate")
+
+
 def make_optimizer(
     *, learning_rate: float, total_updates: int, warmup_updates: int = 0,
     decay: str = "constant", end_fraction: float = 0.0, clock: str = "updates",
@@ -151,10 +159,7 @@ def make_optimizer(
   """
   if clock not in CLOCKS:
     raise ValueError(f"unknown learning-rate clock {clock!r}; expected one of {CLOCKS}")
-  for name, rate in [("learning_rate", learning_rate)] + [
-      (f"groups.{label}.learning_rate", o["learning_rate"]) for label, o in (groups or {}).items()
-      if "learning_rate" in o]:
-    check_learning_rate(rate, name)
+  _check_rates(learning_rate, groups)
   if decay not in SCHEDULES:
     raise ValueError(f"unknown learning-rate decay {decay!r}; expected one of {SCHEDULES}")
   by_updates = clock == "updates"
