@@ -222,6 +222,7 @@ def test_a_query_result_and_its_temporary_storage_are_bounded(tmp_path, monkeypa
   temp.mkdir()
   monkeypatch.setenv("TMPDIR", str(temp))
   monkeypatch.setenv("SQLITE_TMPDIR", str(temp))
+  text_to_sql._WORKERS.close()  # the next worker starts with these
   big_sort = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) "
               "SELECT x FROM c ORDER BY printf('%.*c', 400, x) LIMIT 1")
   with pytest.raises(sqlite3.Error, match="out of memory|time limit|without a result"):
@@ -241,6 +242,60 @@ def test_answer_queries_do_not_grow_the_callers_memory():
     with pytest.raises(sqlite3.OperationalError, match="more than"):
       text_to_sql.run_query(path, rows, max_rows=text_to_sql.MAX_ANSWER_ROWS)
   assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KB
+
+
+def _idle_pids() -> list[int]:
+  return [w.proc.pid for w in text_to_sql._WORKERS._idle]
+
+
+def test_one_worker_serves_query_after_query_and_a_killed_one_is_replaced():
+  env = envs.make("text_to_sql", None, databases=1)
+  path, _ = env.database(0)
+  text_to_sql._WORKERS.close()
+  text_to_sql.run_query(path, "SELECT 1")
+  (pid,) = _idle_pids()
+  for _ in range(10):
+    assert len(text_to_sql.run_query(path, "SELECT name FROM employees")[1]) > 1
+  assert _idle_pids() == [pid]
+  with pytest.raises(sqlite3.OperationalError, match="time limit of 0.3 s"):  # interrupted
+    text_to_sql.run_query(path, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"
+                          " SELECT COUNT(*) FROM c", time_limit_s=0.3)
+  assert _idle_pids() == [pid]  # by itself: kept
+  with pytest.raises(sqlite3.OperationalError, match="time limit of 0.3 s"):
+    text_to_sql.run_query(path, _GLOB, time_limit_s=0.3)  # stuck in one instruction
+  assert _idle_pids() == []  # killed
+  assert text_to_sql.run_query(path, "SELECT 1")[1] == [(1,)]
+  (worker,) = text_to_sql._WORKERS._idle
+  assert worker.proc.pid != pid
+  worker.proc.kill()  # dies while idle: the next query gets another
+  worker.proc.wait()
+  assert text_to_sql.run_query(path, "SELECT 2")[1] == [(2,)]
+
+
+def test_a_workers_cpu_limit_is_each_querys_not_their_sum():
+  """Before each query a worker's CPU limit moves to what it has used + the query's limit + 2 s
+  (a fixed limit would end a long-lived worker in the middle of an innocent query)."""
+  import subprocess
+  import sys
+
+  from jaxrl_agents.envs import sql_sandbox
+
+  code = (f"import sys; sys.path.insert(0, {os.path.dirname(sql_sandbox.__file__)!r})\n"
+          "import resource, sql_sandbox\n"
+          "def used():\n"
+          "  u = resource.getrusage(resource.RUSAGE_SELF); return u.ru_utime + u.ru_stime\n"
+          "for _ in range(3):\n"
+          "  end = used() + 0.4\n"
+          "  while used() < end: pass\n"
+          "  sql_sandbox._cap_cpu(1.0)\n"
+          "  print(used(), resource.getrlimit(resource.RLIMIT_CPU)[0])\n")
+  out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  limits = [(float(u), int(soft)) for u, soft in (line.split() for line in out.splitlines())]
+  assert len(limits) == 3
+  for used, soft in limits:
+    assert used + 1.0 + 1.0 < soft <= used + 1.0 + 2.0 + 1e-9, (used, soft)
+  assert limits[-1][1] >= limits[0][1] + 1  # it moved with the worker's use
 
 
 def test_databases_of_a_killed_run_are_removed_by_the_next(tmp_path, monkeypatch):

@@ -1,19 +1,23 @@
-"""One read-only SELECT in a process of its own, under hard limits (text_to_sql's tool).
+"""Read-only SELECTs in a process apart from the trainer, under hard limits (text_to_sql's tool).
 
 sqlite's progress handler runs between virtual-machine instructions, so one instruction
 (a GLOB over a long string, a sort) can outrun any time limit inside the process that
-runs it, and a thread running it cannot be stopped. So each query runs here, in a child
-process the caller (`text_to_sql.run_query`) kills at the time limit, with
+runs it, and a thread running it cannot be stopped. So queries run here, in a worker
+process the caller (`text_to_sql.run_query`) kills at a query's time limit and replaces,
+with
   - its address space capped (MEMORY_BYTES) and sqlite's heap capped below it,
   - temporary tables and sorts in memory (no temporary files: the file size limit is 0),
   - the result capped (rows by the caller, bytes here: MAX_RESULT_BYTES),
-  - CPU seconds capped as a last resort.
-The module imports only the standard library (the caller runs it with `python -I -S`,
-starting in tens of milliseconds), and the caller imports its authorizer from it.
+  - CPU seconds capped as a last resort (each query's limit past what the worker has used).
+The module imports only the standard library (the caller runs it with `python -I -S`),
+and the caller imports its authorizer from it. A worker serves one query after another
+(starting one costs a few hundred milliseconds on a busy machine; a query, milliseconds);
+it ends at the end of its input, so a worker outlives no trainer.
 
-Protocol: one JSON request on stdin {path, sql, max_rows, time_limit_s, max_value_bytes};
-one JSON reply on stdout: {"columns": [...], "rows": [[...], ...]} (blobs as
-{"blob": hex}) or {"error": sqlite3 exception class name, "message": ...}.
+Protocol, one line each: a JSON request on stdin {path, sql, max_rows, time_limit_s,
+max_value_bytes}; a JSON reply on stdout: {"columns": [...], "rows": [[...], ...]}
+(blobs as {"blob": hex}) or {"error": sqlite3 exception class name, "message": ...}. After
+running out of memory the worker replies and exits (the caller starts another).
 """
 
 from __future__ import annotations
@@ -78,13 +82,27 @@ def execute(request: dict) -> dict:
     conn.close()
 
 
+def _cap_cpu(time_limit_s: float) -> None:
+  """SIGXCPU (which ends the worker) once this query has used its limit's CPU seconds and 2."""
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  used = usage.ru_utime + usage.ru_stime
+  _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+  soft = int(used + time_limit_s) + 2
+  resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY
+                                           else min(soft, hard), hard))
+
+
 def main() -> None:
-  request = json.loads(sys.stdin.read())
   resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
   resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-  cpu = int(request["time_limit_s"]) + 2
-  resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-  sys.stdout.write(json.dumps(execute(request)))
+  for line in sys.stdin:
+    request = json.loads(line)
+    _cap_cpu(request["time_limit_s"])
+    reply = execute(request)
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    if reply.get("message") == "the query ran out of memory":
+      return  # what a MemoryError leaves behind is not worth keeping
 
 
 if __name__ == "__main__":

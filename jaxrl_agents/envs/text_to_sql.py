@@ -16,20 +16,22 @@ Model output is hostile input. A query runs only if it is a single SELECT
 (sqlglot parses it: one statement, a query, no data or schema change anywhere
 in its tree; at most MAX_SQL_CHARS characters), on a connection opened
 read-only (`mode=ro`), with an authorizer that allows reading and ordinary
-functions only (no ATTACH, PRAGMA, writes or extension loading), in a process
-of its own killed at the time limit, with its memory, temporary storage and
-result size capped (`envs/sql_sandbox.py`), and at most MAX_ROWS + 1 rows
-fetched. The database files are written once, read-only, in a private
+functions only (no ATTACH, PRAGMA, writes or extension loading), in a worker
+process apart from the trainer, killed at the time limit (and replaced), with its
+memory, temporary storage and result size capped (`envs/sql_sandbox.py`), and at most
+MAX_ROWS + 1 rows fetched. The database files are written once, read-only, in a private
 temporary directory. Counted per step in `info`: sql_call, sql_error,
 refused, invalid (neither tag), success, partial_match.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import logging
 import os
+import select
 import shutil
 import socket
 import sqlite3
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -104,32 +107,109 @@ def check_select(sql: str) -> None:
       raise SqlRefused(f"only SELECT queries run here ({type(node).__name__.upper()} inside)")
 
 
-# Starting the query's process (python -I -S, sqlite3): far less than this on any machine.
+# Starting a query worker (python -I -S, sqlite3): far less than this on any machine.
 _STARTUP_S = 2.0
+# How long past its time limit a query's reply may take before its worker is killed: the
+# worker's own interruption (sqlite's progress handler, at the limit) keeps the worker, and
+# comes first unless the query is stuck inside one sqlite instruction.
+_REPLY_SLACK_S = 1.0
+
+
+class _Worker:
+  """A query process (envs/sql_sandbox.py): one request and its reply at a time."""
+
+  def __init__(self):
+    self.proc = subprocess.Popen([sys.executable, "-I", "-S", sql_sandbox.__file__],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL)
+    self.fresh = True
+
+  def ask(self, request: dict, timeout_s: float) -> dict | None:
+    """The reply to `request`; None when the worker ended without one (it is then dead).
+    Raises TimeoutError when no reply came in time (the worker is then killed)."""
+    try:
+      self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+      self.proc.stdin.flush()
+    except OSError:  # BrokenPipeError: it had ended
+      return None
+    deadline = time.monotonic() + timeout_s + (_STARTUP_S if self.fresh else _REPLY_SLACK_S)
+    self.fresh = False
+    fd, chunks = self.proc.stdout.fileno(), []
+    while not chunks or not chunks[-1].endswith(b"\n"):
+      left = deadline - time.monotonic()
+      if left <= 0 or not select.select([fd], [], [], left)[0]:
+        self.kill()
+        raise TimeoutError
+      chunk = os.read(fd, 1 << 20)
+      if not chunk:
+        self.kill()
+        return None
+      chunks.append(chunk)
+    try:
+      return json.loads(b"".join(chunks))
+    except ValueError:
+      self.kill()
+      return None
+
+  def kill(self) -> None:
+    self.proc.kill()
+    self.proc.wait()
+    for pipe in (self.proc.stdin, self.proc.stdout):
+      pipe.close()
+
+
+class _Workers:
+  """Idle query workers, reused: one query at a time each, as many as queries in flight."""
+
+  def __init__(self):
+    self._idle: list[_Worker] = []
+    self._lock = threading.Lock()
+    atexit.register(self.close)
+
+  def ask(self, request: dict, timeout_s: float) -> dict | None:
+    with self._lock:
+      worker = self._idle.pop() if self._idle else None
+    if worker is not None and worker.proc.poll() is not None:
+      worker.kill()  # it ended while idle (after running out of memory)
+      worker = None
+    worker = worker or _Worker()
+    reply = worker.ask(request, timeout_s)  # TimeoutError: killed
+    if reply is None:
+      return None
+    if worker.proc.poll() is None:
+      with self._lock:
+        self._idle.append(worker)
+    else:
+      worker.kill()
+    return reply
+
+  def close(self) -> None:
+    with self._lock:
+      idle, self._idle = self._idle, []
+    for worker in idle:
+      worker.kill()
+
+
+_WORKERS = _Workers()
 
 
 def run_query(path: str, sql: str, *, max_rows: int = MAX_ROWS,
               time_limit_s: float = QUERY_TIME_LIMIT_S) -> tuple[list[str], list[tuple]]:
   """(column names, up to max_rows + 1 rows) of a checked SELECT on the database at `path`,
-  opened read-only, run in a process of its own that is killed at the time limit, with
+  opened read-only, run in a worker process that is killed at the time limit, with
   its memory, temporary storage and result size capped (envs/sql_sandbox.py). Raises
   SqlRefused or sqlite3.Error."""
   check_select(sql)
   request = {"path": path, "sql": sql, "max_rows": max_rows, "time_limit_s": time_limit_s,
              "max_value_bytes": MAX_VALUE_BYTES}
   try:
-    done = subprocess.run([sys.executable, "-I", "-S", sql_sandbox.__file__],
-                          input=json.dumps(request), capture_output=True, text=True,
-                          timeout=time_limit_s + _STARTUP_S)
-  except subprocess.TimeoutExpired:  # killed: whatever the query was doing, it stops
+    reply = _WORKERS.ask(request, time_limit_s)
+  except TimeoutError:  # killed: whatever the query was doing, it stops
     raise sqlite3.OperationalError(
         f"the query ran past its time limit of {time_limit_s:g} s") from None
-  try:
-    reply = json.loads(done.stdout)
-  except ValueError:
+  if reply is None:
     raise sqlite3.OperationalError(
-        f"the query's process ended without a result (status {done.returncode}: past its "
-        "memory or CPU limits)") from None
+        "the query's process ended without a result (past its memory or CPU limits)")
   if "error" in reply:
     message = reply["message"]
     if message == "interrupted":
