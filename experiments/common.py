@@ -295,6 +295,24 @@ def make_rewards(config):
   return reward_fn, lambda completions, examples: np.asarray(grade(completions, examples))
 
 
+def frozen_reward_models(config) -> dict:
+  """{description: () -> params} of the trained reward models config.rewards scores with
+  (`harness.run`'s `frozen`): a resume whose reward model changed (its run trained on, or
+  another workdir at that path) is refused. One trained beside the policy is not frozen."""
+  frozen = {}
+  for name, options in config.rewards.items():
+    if not learned_rewards.is_learned(name) or (name == "reward_model"
+                                                 and trains_reward_model(config)):
+      continue
+    options = dict(options.items()) if hasattr(options, "items") else {}
+    # The reward's own call (`rewards.learned.reward_model_reward`) loads with these
+    # arguments: the same cached model is digested and scores.
+    args = (options.get("workdir", ""), options.get("batch_size", 32), options.get("step", 0),
+            options.get("aggregate", ""))
+    frozen[f"{name} ({args[0]})"] = lambda args=args: learned_rewards.load(*args).params
+  return frozen
+
+
 def supervised_update(update, mesh, state, batch, rng, progress: float, truncated: int):
   """The offline trainers' update on one encoded batch: its rows split over the mesh's
   devices, the jitted `update(state, batch, rng, progress)`, its metrics as floats with the
@@ -503,6 +521,17 @@ def main(train_fn, host_memory: str = "system") -> None:
   app.run(run)
 
 
+def _validate_reply_rewards(config) -> None:
+  """config.env_reply_rewards: registered host rewards with options they take."""
+  spec = dict(config.get("env_reply_rewards", {}))
+  learned = [name for name in spec if learned_rewards.is_learned(name)]
+  if learned:
+    raise ValueError(f"config.env_reply_rewards: {learned} score with a model; an "
+                     "environment run's reply rewards are host functions of the replies' text")
+  if spec:
+    rewards_lib.from_config(spec)  # unknown names and options named
+
+
 def _validate_episodes(config) -> None:
   """Where the episodes come from: an environment (its name and sizes) or a task's prompts."""
   if config.get("env"):
@@ -519,6 +548,10 @@ def _validate_episodes(config) -> None:
     for key in ("env_obs_tokens", "env_step_timeout_s", "env_answer_tokens"):
       if key in config and not config[key] > 0:
         raise ValueError(f"config.{key} must be > 0, got {config[key]}")
+    _validate_reply_rewards(config)
+  elif config.get("env_reply_rewards"):
+    raise ValueError("config.env_reply_rewards scores an environment's episodes; a "
+                     "single-turn run's rewards are config.rewards")
   elif not config.task and not config.jsonl_path:
     raise ValueError("set config.task (a registered task), config.jsonl_path or config.env")
   eval_task = config.get("eval_task", "")

@@ -650,7 +650,8 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                        resume_rules=common.RESUME_RULES, **records.LOGGED)
   return harness.run(config, workdir, init_state=init_state, train_step=train_step,
                      evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
-                     progress=progress, resume_rules=common.RESUME_RULES, **records.LOGGED)
+                     progress=progress, resume_rules=common.RESUME_RULES,
+                     frozen=common.frozen_reward_models(config), **records.LOGGED)
 
 
 if __name__ == "__main__":

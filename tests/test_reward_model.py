@@ -512,6 +512,14 @@ def test_a_trained_reward_model_is_grpos_reward(tmp_path):
   train = [r for r in metrics_lib.read_jsonl(tmp_path / "grpo" / "metrics.jsonl")
            if r["kind"] == "train"]
   assert len(train) == 2 and "reward/reward_model_mean" in train[0]
+  # Another reward model at the same path (a new run there): the GRPO run does not resume
+  # against it (a new process would load the new one; this one clears its cache).
+  config.steps, config.seed, config.start_over = 1, 1, True
+  rm_experiment.train(config, rm_dir, progress=False)
+  learned.load.cache_clear()
+  grpo_config.steps = 3
+  with pytest.raises(ValueError, match=r"different reward_model \(.*rm\)"):
+    grpo.train(grpo_config, str(tmp_path / "grpo"), progress=False)
 
   grpo_config.rewards = {"reward_model": {"workdir": str(tmp_path / "nowhere")}}
   with pytest.raises(FileNotFoundError, match="not the workdir of a reward-model run"):
