@@ -435,3 +435,32 @@ def test_a_garbage_config_or_tokenizer_file_is_named(tmp_path, name, message):
     f.write("{garbage")
   with pytest.raises(ValueError, match=message):
     zoo.load(path)
+
+
+# ----------------------------------------------------------------------------
+# Preference texts far longer than a sequence: only their ends are tokenized.
+
+
+def test_a_huge_preference_text_tokenizes_only_the_end_it_keeps(monkeypatch):
+  from jaxrl_agents.data import preferences
+  from jaxrl_agents.models import tokenizer as tokenizer_lib
+
+  tok = tokenizer_lib.load_tokenizer(zoo.smollm2_dir())
+  rng = np.random.default_rng(0)
+  words = ["the", "cat", "sat", "on", "a", "mat", "7", "+", "(x)", "naïve", "\n", "thirty"]
+  prose = " ".join(rng.choice(words, 25_000).tolist())  # ~100,000 characters
+  texts = [("What now?", prose), (prose, "Fine."), (prose, prose)]
+  prompts, responses = zip(*texts, strict=True)
+  cut = preferences.encode_texts(tok, prompts, responses, max_len=256)
+  seen = []
+  plain_ids = tokenizer_lib.plain_ids
+  monkeypatch.setattr(tokenizer_lib, "plain_ids", lambda t, text: seen.append(len(text))
+                      or plain_ids(t, text))
+  preferences.encode_texts(tok, prompts, responses, max_len=256)
+  assert max(seen) <= 257 * preferences.longest_token_chars(tok) < len(prose) // 4
+  # The same tokens as encoding the whole texts (a text's start cannot reach its last 256).
+  monkeypatch.setattr(preferences, "longest_token_chars", lambda t: 10**9)
+  whole = preferences.encode_texts(tok, prompts, responses, max_len=256)
+  for a, b in zip(cut, whole, strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert cut.truncated.all()

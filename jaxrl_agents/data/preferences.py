@@ -18,6 +18,7 @@ sequences reward models and preference losses read.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -330,7 +331,15 @@ def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_l
   if max_len < 2:
     raise ValueError(f"max_len must be >= 2 tokens, got {max_len}")
   rows, starts, truncated = [], [], []
+  keep = (max_len + 1) * longest_token_chars(tok)
   for p, r in zip(prompts, responses, strict=True):
+    # Only the last max_len tokens are kept, and no token spans more than
+    # longest_token_chars: the texts' ends are all that is tokenized (a 20 MB reply costs
+    # what a reply of the kept length does, not 30 s of tokenizing at every step).
+    if len(r) > keep:
+      p, r = "", r[-keep:]
+    elif len(p) > keep:
+      p = p[-keep:]
     ids, prompt_len = response_ids(tok, p, r, chat=chat, system=system)
     cut = max(len(ids) - max_len, 0)
     truncated.append(cut > 0)
@@ -343,6 +352,12 @@ def encode_texts(tok, prompts: Sequence[str], responses: Sequence[str], *, max_l
   for i, (row, start) in enumerate(zip(rows, starts, strict=True)):
     response[i, width - len(row) + start:] = True
   return Encoded(tokens, mask, response, np.asarray(truncated, bool))
+
+
+@functools.lru_cache(maxsize=8)
+def longest_token_chars(tok) -> int:
+  """The most characters any one token of `tok` decodes to (SmolLM2's: 81)."""
+  return max(len(tok.decode([i])) for i in range(len(tok)))
 
 
 def reply_tail(response: np.ndarray, multiple: int = 16) -> np.ndarray:
