@@ -437,6 +437,23 @@ def test_a_garbage_config_or_tokenizer_file_is_named(tmp_path, name, message):
     zoo.load(path)
 
 
+def test_a_chat_template_that_runs_for_hours_is_refused_when_the_model_loads(tmp_path,
+                                                                           monkeypatch):
+  """...and the model's own template passes (a render as transformers does it, in a child
+  process that is killed at the limit)."""
+  from jaxrl_agents.models import tokenizer as tokenizer_lib
+
+  path = _tiny_hf(tmp_path)
+  monkeypatch.setattr(tokenizer_lib, "TEMPLATE_TIME_LIMIT_S", 1.0)
+  assert tokenizer_lib.load_tokenizer(path).chat_template  # its own template: in time
+  with open(os.path.join(path, "chat_template.jinja"), "w") as f:
+    # 10^10 iterations of Jinja's sandboxed ranges (100,000 at most each).
+    f.write("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}"
+            "{% endfor %}{{ messages[0]['content'] }}")
+  with pytest.raises(ValueError, match=r"hf: the chat template did not render .* within 1 s"):
+    zoo.load(path)
+
+
 # ----------------------------------------------------------------------------
 # Preference texts far longer than a sequence: only their ends are tokenized.
 

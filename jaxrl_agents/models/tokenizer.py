@@ -19,6 +19,7 @@ with special-token text spelled out as ordinary characters (`plain_ids`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -139,10 +140,12 @@ def tokenizer_from_gguf(path: str):
     idx = meta.get(f"tokenizer.ggml.{key}")
     return tokens[idx] if idx is not None else None
 
-  return _fast_tokenizer(
+  tok = _fast_tokenizer(
       backend, meta.get("tokenizer.chat_template"), bos=special("bos_token_id"),
       eos=special("eos_token_id"), unk=special("unknown_token_id"),
       pad=special("padding_token_id"))
+  check_template_renders(tok, path)
+  return tok
 
 
 def load_tokenizer(path: str):
@@ -156,7 +159,55 @@ def load_tokenizer(path: str):
     raise ValueError(f"{os.path.join(path, 'tokenizer.json')} (or tokenizer_config.json): "
                      f"cannot be loaded ({type(e).__name__}: {str(e)[:200]})") from None
   tok.padding_side = "left"
+  check_template_renders(tok, path)
   return ensure_safe_pad_token(tok)
+
+
+# A chat template is code (Jinja) from the model directory: one that does not render a
+# short conversation within this many seconds is refused when the tokenizer loads.
+TEMPLATE_TIME_LIMIT_S = 10.0
+
+# Renders a template as transformers does (Jinja's immutable sandbox, loop controls), in a
+# process of its own that can be killed; a template that raises is not this check's concern.
+_RENDER_PROBE = """
+import json, sys
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+template, messages = json.loads(sys.stdin.read())
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                    extensions=[loopcontrols])
+try:
+    env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                     bos_token="", eos_token="")
+except Exception:
+    pass
+"""
+
+
+def check_template_renders(tok, source: str, time_limit_s: float | None = None) -> None:
+  """Renders a short conversation through `tok`'s chat template(s), if any, in a child
+  process; raises ValueError naming `source` unless it is done within `time_limit_s`
+  (default TEMPLATE_TIME_LIMIT_S; a template with nested loops over Jinja's largest
+  range runs for hours). A template that raises (some refuse a role) is left to name
+  its error where a prompt is rendered."""
+  import subprocess
+  import sys
+
+  limit = TEMPLATE_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+  templates = tok.chat_template
+  if not templates:
+    return
+  messages = [{"role": "user", "content": "What is 2 + 3?"},
+              {"role": "assistant", "content": "5"}, {"role": "user", "content": "And 3 + 4?"}]
+  for template in templates.values() if isinstance(templates, dict) else [templates]:
+    try:
+      subprocess.run([sys.executable, "-I", "-c", _RENDER_PROBE], check=False,
+                     input=json.dumps([template, messages]), text=True, timeout=limit,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+      raise ValueError(f"{source}: the chat template did not render a three-message "
+                       f"conversation within {limit:g} s; refused (fix its "
+                       "chat_template.jinja or tokenizer_config.json's chat_template)") from None
 
 
 def stop_token_ids(tok) -> tuple[int, ...]:
