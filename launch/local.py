@@ -83,6 +83,11 @@ def launch(command: list[str], processes: int, devices_per_process: int, log_dir
     log = "this terminal" if culprit == 0 else os.path.join(log_dir, f"process_{culprit}.log")
     print(f"launch.local: process {culprit} of {processes} {_ending(status)}; the others were "
           f"stopped. Its log: {log}", file=sys.stderr)
+    if status == -signal.SIGABRT:
+      print("launch.local: jax.distributed ends a process with SIGABRT when its peers do not "
+            "all connect within JAXRL_INIT_TIMEOUT_S (default 300 s: a process hung or slow "
+            "before starting it; see each log's 'waiting up to' line) or when a peer dies",
+            file=sys.stderr)
   elif status:
     print(f"launch.local: the processes ran past --timeout_s={timeout_s:g} and were stopped; "
           f"logs of processes 1.. in {log_dir}", file=sys.stderr)

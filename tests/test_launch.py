@@ -1,10 +1,13 @@
 """Launchers: their dry runs print the commands they would run; the SLURM script parses."""
 
+import os
 import subprocess
 
 import pytest
 
 from launch import slurm, tpu_vm
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXPERIMENT = ["experiments.grpo", "--config=experiments/configs/grpo_arithmetic.py",
               "--config.mesh.fsdp=-1", "--workdir=runs/x y"]
@@ -85,3 +88,47 @@ def test_local_launch_fails_fast_naming_a_process_other_than_the_first(tmp_path,
   err = capsys.readouterr().err
   assert "process 1 of 2 was killed by SIGKILL" in err
   assert str(tmp_path / "process_1.log") in err
+
+
+_NEVER_JOINS = ("import os, time; i = int(os.environ['JAXRL_PROCESS_ID']); "
+                "time.sleep(120) if i == 1 else None; "
+                "import logging; logging.basicConfig(level=logging.INFO); "
+                "from jaxrl_agents.parallel import distributed; distributed.initialize_from_env()")
+
+
+def test_a_peer_that_never_connects_is_reported_at_the_init_timeout(tmp_path, capfd,
+                                                                   monkeypatch):
+  import sys
+  import time
+
+  from launch import local
+
+  monkeypatch.setenv("JAXRL_INIT_TIMEOUT_S", "3")
+  monkeypatch.setenv("PYTHONPATH", REPO)
+  start = time.monotonic()
+  status = local.launch([sys.executable, "-c", _NEVER_JOINS], processes=2,
+                        devices_per_process=1, log_dir=str(tmp_path))
+  elapsed = time.monotonic() - start
+  err = capfd.readouterr().err
+  assert status == -6, err[-2000:]
+  assert elapsed < 90, elapsed  # process 1 would have slept 120 s; JAX's default wait is 300
+  assert "process 0 of 2 was killed by SIGABRT" in err
+  assert "waiting up to 3 s for all processes to connect" in err
+  assert "JAXRL_INIT_TIMEOUT_S" in err
+
+
+def test_a_coordinator_port_in_use_is_named_before_jax_starts():
+  import socket
+
+  from jaxrl_agents.parallel import distributed
+
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    env = {"JAXRL_COORDINATOR": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
+           "JAXRL_PROCESS_ID": "0"}
+    with pytest.raises(RuntimeError, match=f"port {port} is already in use"):
+      distributed.initialize_from_env(env)
+  with pytest.raises(ValueError, match="JAXRL_INIT_TIMEOUT_S must be a whole number"):
+    distributed.settings_from_env({**env, "JAXRL_INIT_TIMEOUT_S": "soon"})

@@ -24,12 +24,18 @@ run lock and the progress bar are process 0's alone (`is_main`).
       `jax.distributed.initialize()` finds the cluster itself (SLURM's variables, a
       TPU VM pod's metadata); the SLURM and TPU launchers set this;
 and does nothing when neither is set (one process: nothing changes).
+  JAXRL_INIT_TIMEOUT_S=seconds
+      how long the processes wait for each other to connect (default 300, JAX's); past
+      it JAX ends them (SIGABRT), after a log line naming the coordinator and the wait.
+Process 0 hosts the coordinator: a port already taken on its host is named at once.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +47,7 @@ log = logging.getLogger(__name__)
 COORDINATOR, NUM_PROCESSES, PROCESS_ID = \
     "JAXRL_COORDINATOR", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID"
 AUTO = "JAXRL_DISTRIBUTED"
+INIT_TIMEOUT = "JAXRL_INIT_TIMEOUT_S"
 
 
 def _int_var(environ: Mapping[str, str], name: str) -> int:
@@ -63,11 +70,37 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]
     count, index = _int_var(environ, NUM_PROCESSES), _int_var(environ, PROCESS_ID)
     if count < 1 or not 0 <= index < count:
       raise ValueError(f"{PROCESS_ID}={index} must be in [0, {NUM_PROCESSES}={count})")
-    return {"coordinator_address": coordinator, "num_processes": count, "process_id": index}
+    return {"coordinator_address": coordinator, "num_processes": count, "process_id": index,
+            **_timeout(environ)}
   auto = environ.get(AUTO, "")
   if auto not in ("", "auto"):
     raise ValueError(f"{AUTO} must be 'auto' or unset, got {auto!r}")
-  return {} if auto else None
+  return _timeout(environ) if auto else None
+
+
+def _timeout(environ: Mapping[str, str]) -> dict[str, int]:
+  value = environ.get(INIT_TIMEOUT, "")
+  if not value:
+    return {}
+  if not value.isdigit() or int(value) < 1:
+    raise ValueError(f"{INIT_TIMEOUT} must be a whole number of seconds >= 1, got {value!r}")
+  return {"initialization_timeout": int(value)}
+
+
+def _check_port_free(coordinator: str) -> None:
+  """Process 0 serves the coordinator at `coordinator`: a port another program holds would
+  end it inside the runtime (a segfault) and leave the others waiting; named here."""
+  host, _, port = coordinator.rpartition(":")
+  with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      s.bind(("" if host in ("localhost", "0.0.0.0") else host.strip("[]"), int(port)))
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise RuntimeError(f"process 0 hosts the coordinator at {coordinator}, and port "
+                           f"{port} is already in use on this host; pick another port in "
+                           f"{COORDINATOR}") from None
+      # Another host's address (process 0 runs elsewhere from the one launching): not ours.
 
 
 def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
@@ -78,7 +111,16 @@ def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     return False
   # CPU devices exchange collectives over gloo (TCP): the default has none across
   # processes. (Only the CPU client reads this; GPUs and TPUs use their own.)
+  if settings.get("process_id") == 0:
+    _check_port_free(settings["coordinator_address"])
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # Past the wait, JAX ends the process (SIGABRT) saying that "another task died": this
+  # line, before it, says what it was waiting for.
+  log.info("jax.distributed: %s; waiting up to %d s for all processes to connect (%s)",
+           f"process {settings['process_id']} of {settings['num_processes']} at coordinator "
+           f"{settings['coordinator_address']}" if "process_id" in settings
+           else "an auto-detected cluster", settings.get("initialization_timeout", 300),
+           INIT_TIMEOUT)
   jax.distributed.initialize(**settings)
   log.info("process %d of %d; %d local and %d global devices", jax.process_index(),
            jax.process_count(), jax.local_device_count(), jax.device_count())
