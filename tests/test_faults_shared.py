@@ -481,3 +481,29 @@ def test_a_huge_preference_text_tokenizes_only_the_end_it_keeps(monkeypatch):
   for a, b in zip(cut, whole, strict=True):
     np.testing.assert_array_equal(a, b)
   assert cut.truncated.all()
+
+
+# ----------------------------------------------------------------------------
+# A full disk: one clear stop, and the next run resumes.
+
+
+def test_a_full_disk_stops_the_run_saying_so_and_the_next_run_resumes(tmp_path, monkeypatch):
+  import errno
+
+  from jaxrl_agents.train import harness, metrics
+
+  write_samples = metrics.MetricWriter.write_samples
+
+  def full(self, step, *args, **kwargs):
+    if step >= 4:
+      raise OSError(errno.ENOSPC, "No space left on device", "samples.jsonl")
+    return write_samples(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(metrics.MetricWriter, "write_samples", full)
+  with pytest.raises(harness.TrainingStopped, match=r"no space left on its device .*step 4.*"
+                     r"run the same command again"):
+    _train(_config(), str(tmp_path))
+  monkeypatch.setattr(metrics.MetricWriter, "write_samples", write_samples)  # space freed
+  result, calls = _train(_config(), str(tmp_path))
+  assert len(calls) == 3  # resumed from the checkpoint of step 3
+  assert np.isfinite(result["error"])

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import glob
 import json
 import logging
@@ -498,10 +499,31 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       if main:
         with open(os.path.join(workdir, "config.json"), "w") as f:
           json.dump(config_to_dict(config), f, indent=2)
-      _loop_then_close(r, train_step, postfix, finite_keys, progress and main, on_exit)
+      try:
+        _loop_then_close(r, train_step, postfix, finite_keys, progress and main, on_exit)
+      except Exception as e:
+        if not _disk_full(e):
+          raise
+        raise TrainingStopped(
+            f"{workdir}: no space left on its device (while writing at step {r.step}: {e}). "
+            "Free space and run the same command again: it resumes from the newest complete "
+            "checkpoint (an incomplete one is never read)") from e
     finally:
       ckpt.close()
   return r.last_eval
+
+
+def _disk_full(e: BaseException) -> bool:
+  """Whether `e`, or an error it was raised from or during, is "no space left on device"
+  (libraries wrap it: a checkpoint writer's error may only say so in its cause)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or \
+        "No space left on device" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def _check_before_writing(config, workdir: str) -> None:
