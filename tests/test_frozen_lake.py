@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_env_smoke
 
 from experiments import grpo
 from experiments.configs import grpo_frozen_lake
@@ -172,3 +173,4 @@ def test_tiny_frozen_lake_run_writes_its_episodes(tmp_path):
   samples = metrics_lib.read_jsonl(os.path.join(str(tmp_path), "samples.jsonl"))
   assert any(" X" in turn["env"] for s in samples if s["kind"] == "train"
              for turn in s["turns"])
+  test_env_smoke.assert_the_update_had_a_gradient(tmp_path)

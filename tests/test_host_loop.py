@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_env_smoke
 
 from jaxrl_agents import envs
 from jaxrl_agents.envs import base, calculator
@@ -201,6 +202,7 @@ def test_tiny_grpo_with_the_calculator_tool_runs_on_the_harness(tmp_path):
               "episode_turns", "turn1/active"):
     assert key in train[0], key
   assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 2]
+  test_env_smoke.assert_the_update_had_a_gradient(tmp_path)
 
 
 class OneBadReset:

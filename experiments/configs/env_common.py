@@ -8,6 +8,13 @@ result).
 
 import ml_collections
 
+# What the `:tiny` smoke configs add to each training episode's return: a penalty on the
+# length of the agent's replies (characters beyond 4, 0.05 per 4). The tiny random model
+# never succeeds at a task, so on the return alone every group's rewards are equal and
+# the update has no gradient: a smoke run could not tell a working update from a broken
+# one. Its replies' lengths vary, and so do these rewards.
+TINY_REPLY_REWARDS = {"length_penalty": {"weight": 1.0, "budget": 4, "coef": 0.05}}
+
 
 def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, options: dict,
             tiny_options: dict, max_turns: int, tiny_max_turns: int, max_new_tokens: int,
@@ -22,6 +29,10 @@ def set_env(c: ml_collections.ConfigDict, variant: str | None, *, env: str, opti
   c.env_step_timeout_s = 10.0  # host environments: a slower step ends its episode (counted)
   c.env_obs_tokens = 64  # host environments: a longer answer is cut (counted)
   c.env_answer_tokens = 32  # host environments, turn_credit "igpo": the gold answer's cap
+  # Registered rewards of the agent's replies (concatenated), added to each training
+  # episode's return (GRPO's episode reward, not the turn rewards): {name: weight} or
+  # {name: {weight, **options}}, as config.rewards. Empty: the return alone.
+  c.env_reply_rewards = ml_collections.ConfigDict(TINY_REPLY_REWARDS if tiny else {})
   c.task = ""
   c.prompts_per_step = 2 if tiny else 4
   c.group_size = 8

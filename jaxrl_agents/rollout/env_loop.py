@@ -8,6 +8,11 @@ algorithm as any rollout. The reward is the episode's return (the sum of its
 turn rewards); "accuracy" is the environment's success rate. Evaluation plays a
 fixed set of held-out tasks greedily.
 
+`config.env_reply_rewards` (registered rewards, as `config.rewards` names them) score
+the agent's replies of each training episode, concatenated, and are added to its
+return: a length penalty, a format term. The `:tiny` smoke configs use one, so
+that the tiny random model's rewards vary and its update has a gradient.
+
 Metrics added to each train and eval record: `episode_turns`, the per-episode
 means of the environment's info entries (`invalid`, `success`, ...), and per
 turn `turn<k>/reward_mean` and `turn<k>/active` (the fraction of episodes that
@@ -24,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agents import envs, types
+from jaxrl_agents import rewards as rewards_lib
 from jaxrl_agents.models import zoo
 from jaxrl_agents.objectives import credit
 from jaxrl_agents.parallel import distributed
@@ -82,7 +88,7 @@ def episode_details(tok, traj) -> list[dict]:
 def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int = 1,
                failed: np.ndarray | None = None, details_traj=None,
                failures: list | None = None, shaping_gamma: float | None = None,
-               information_gain: bool = False) -> types.Rollout:
+               information_gain: bool = False, reply_reward=None) -> types.Rollout:
   """The Episodes as an `types.Rollout`: rewards are returns, `correct` the success flag;
   `labels` names each row's task (samples.jsonl's "answer").
 
@@ -96,6 +102,9 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   gains in the policy's probability of the gold answer
   (`credit.igpo_turn_rewards` of `eps.answer_logp`), the return on each
   episode's last turn; the sum of the gains is logged as "information_gain".
+
+  With `reply_reward` (`reply_rewards`), each episode's reward is its return plus that
+  score of its replies; the score and its parts are logged as "reply/<name>".
 
   Rows an environment failure ended (`failed`) are out of the loss already; their
   reward becomes the mean of their group's other returns, so that they move
@@ -118,12 +127,18 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
     played = distributed.to_host(traj.turn_mask).any(1)
     components["information_gain"] = (distributed.to_host(traj.turn_rewards).sum(-1)
                                       - np.where(played, returns, 0.0)).astype(np.float32)
-  rewards = returns
-  if failed is not None and failed.any():
-    rewards = _neutral_failed(rewards, failed, group_size)
   info = {k: distributed.to_host(v).astype(np.float32) for k, v in eps.info.items()}
   correct = (info["success"] > 0).astype(np.float32) if "success" in info \
-      else (rewards > 0).astype(np.float32)
+      else (returns > 0).astype(np.float32)
+  rewards = returns
+  if reply_reward is not None:
+    policy = distributed.to_host(traj.policy_mask) & valid
+    score, parts = reply_reward([tok.decode(row[m].tolist(), skip_special_tokens=True)
+                                 for row, m in zip(tokens, policy, strict=True)])
+    rewards = returns + score
+    components.update({f"reply/{k}": np.asarray(v, np.float32) for k, v in parts.items()})
+  if failed is not None and failed.any():
+    rewards = _neutral_failed(rewards, failed, group_size)
   return types.Rollout(
       traj=traj, examples=[{"answer": label} for label in labels],
       prompts=[_text(tok, row[:lp], m[:lp]) for row, m in zip(tokens, valid, strict=True)],
@@ -134,6 +149,13 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
       details=[{**d, "failure": f} for d, f in zip(
           episode_details(tok, traj if details_traj is None else details_traj),
           failures or [None] * rewards.shape[0], strict=True)])
+
+
+def reply_rewards(config):
+  """config.env_reply_rewards as replies -> (f32[B] weighted sum, {name: f32[B]}), or None."""
+  spec = dict(config.get("env_reply_rewards", {}))
+  # experiments/common.py checked the names (host rewards only) and their options.
+  return rewards_lib.from_config(spec) if spec else None
 
 
 def shape_turn_rewards(eps: multiturn.Episodes, gamma: float) -> jax.Array:
@@ -212,10 +234,11 @@ def make(config, model: zoo.Model, credit_: Credit | None = None):
         f"{self_play.ADVANTAGE!r}" if two_players else
         f"advantage {self_play.ADVANTAGE!r} is self-play's; {config.env!r} is not a "
         "two-player game")
+  replies = reply_rewards(config)
   if getattr(env, "host", False):
-    return _make_host(config, model, env, igpo)
+    return _make_host(config, model, env, igpo, replies)
   if two_players:
-    return _make_self_play(config, model, env)
+    return _make_self_play(config, model, env, replies)
   template = multiturn.turn_template(tok, config.get("system_prompt") or None,
                                      getattr(env, "preamble", ()))
   sampling = single_turn.sampling_from_config(config, tok)
@@ -228,7 +251,7 @@ def make(config, model: zoo.Model, credit_: Credit | None = None):
                             group_size=config.group_size, num_turns=config.max_turns,
                             score_answers=igpo)
     return to_rollout(tok, eps, _labels(tasks, config.group_size), shaping_gamma=shaping,
-                      information_gain=igpo), episode_metrics(eps)
+                      information_gain=igpo, reply_reward=replies), episode_metrics(eps)
 
   return collect, _evaluator(config, model, env, template, config.max_turns), NoData()
 
@@ -265,7 +288,7 @@ def _evaluator(config, model: zoo.Model, env, template: multiturn.TurnTemplate, 
   return evaluate
 
 
-def _make_self_play(config, model: zoo.Model, env):
+def _make_self_play(config, model: zoo.Model, env, replies=None):
   """(collect, evaluate, data) for a two-player game (`rollout.self_play`).
 
   Training plays G games of each of `prompts_per_step` tasks with the policy on
@@ -286,7 +309,7 @@ def _make_self_play(config, model: zoo.Model, env):
     seeds = np.repeat(distributed.to_host(jax.tree.leaves(tasks)[0]),
                       config.group_size * self_play.PLAYERS, axis=0)
     labels = [f"game {s} player {i % self_play.PLAYERS}" for i, s in enumerate(seeds.tolist())]
-    return to_rollout(tok, eps, labels), self_play_metrics(eps)
+    return to_rollout(tok, eps, labels, reply_reward=replies), self_play_metrics(eps)
 
   evaluation = env.evaluation_env
   eval_template = multiturn.turn_template(tok, config.get("system_prompt") or None,
@@ -344,7 +367,7 @@ def _check_credit(credit_: Credit, env, env_name: str) -> None:
                      "has none")
 
 
-def _make_host(config, model: zoo.Model, env, igpo: bool):
+def _make_host(config, model: zoo.Model, env, igpo: bool, replies=None):
   """(collect, evaluate, data) for a host environment (`rollout.host_loop`)."""
   tok = model.tokenizer
   sampling = single_turn.sampling_from_config(config, tok)
@@ -359,7 +382,8 @@ def _make_host(config, model: zoo.Model, env, igpo: bool):
                             group_size=group_size, score_answers=igpo and training, **options)
     labels = [str(t) for t in tasks for _ in range(group_size)]
     return to_rollout(tok, out.episodes, labels, group_size, out.failed, out.unmasked,
-                      out.failures, information_gain=igpo and training), out
+                      out.failures, information_gain=igpo and training,
+                      reply_reward=replies if training else None), out
 
   def collect(params, examples, rng):
     del examples

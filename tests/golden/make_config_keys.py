@@ -26,7 +26,8 @@ OUT = os.path.join(REPO, "tests", "golden", "config_keys.json")
 # Maps whose keys are names the user chooses (reward functions, environment and loss
 # arguments): a run without one of them computes differently, so no backward default
 # applies.
-FREE_FORM = ("rewards.", "env_kwargs.", "loss_kwargs.", "advantage_kwargs.", "task_options.")
+FREE_FORM = ("rewards.", "env_reply_rewards.", "env_kwargs.", "loss_kwargs.",
+             "advantage_kwargs.", "task_options.")
 
 _VARIANT_TEST = re.compile(r"variant\s*(?:==|in)\s*\(?([^:\n]*)")
 _LITERAL = re.compile(r"\"(\w+)\"")
