@@ -31,6 +31,10 @@ run_group() {
   shift
   # --durations: the slowest tests of each group in the CI log, to keep the suite's time in view.
   local pytest=(.venv/bin/python -X faulthandler -m pytest -q -p no:cacheprovider --durations=8)
+  # TEST_JUNIT_DIR: each group's JUnit XML there (`scripts/test_groups.py --record` reads them).
+  if [ -n "${TEST_JUNIT_DIR:-}" ]; then
+    pytest+=("--junitxml=$TEST_JUNIT_DIR/group_${label%% *}.xml")
+  fi
   "${pytest[@]}" "$@" || rc=$?
   if [ "$rc" -ge 128 ]; then
     echo "scripts/test.sh: the test process of group $label died from signal $((rc - 128));" \
