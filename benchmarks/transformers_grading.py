@@ -21,6 +21,7 @@ last line.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -132,7 +133,9 @@ def main() -> None:
             "groups": {g: float(np.mean(v)) for g, v in sorted(per_group.items())},
             "seconds": round(seconds, 1), "cpu": cpu_info.describe(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "reasoning_gym": reasoning_gym.__version__}}
+                         # the distribution's version: reasoning_gym.__version__ of 0.1.25
+                         # still says 0.1.19
+                         "reasoning_gym": importlib.metadata.version("reasoning-gym")}}
   print("| grading | greedy accuracy (SE) |")
   print("|---|---|")
   print(f"| transformers + reasoning-gym (this script) | {accuracy:.3f} ({se:.3f}) |")
