@@ -431,6 +431,28 @@ def test_an_interrupt_while_scoring_does_not_shift_later_rewards():
   np.testing.assert_array_equal(limited(["d"], None, lengths=[9]), [10.0])
 
 
+def test_a_ctrl_c_the_kernel_hands_to_another_thread_still_stops_the_wait():
+  """A process-directed SIGINT may be delivered to any thread (XLA's pools, a host loop's):
+  the trainer's wait for a reward must act on it soon, not at the reward's time limit."""
+  import signal
+  import threading
+
+  limited = time_limit.TimeLimited(sleepy_reward, seconds=30.0)
+  limited(["warm"], None)
+  idle = threading.Event()
+  other = threading.Thread(target=idle.wait, daemon=True)
+  other.start()
+  timer = threading.Timer(0.5, lambda: signal.pthread_kill(other.ident, signal.SIGINT))
+  timer.start()
+  start = time.monotonic()
+  with pytest.raises(KeyboardInterrupt):
+    limited(["sleep"], None)
+  assert time.monotonic() - start < 10.0  # the reward's limit is 30 s
+  idle.set()
+  timer.join()
+  np.testing.assert_array_equal(limited(["a"], None, lengths=[1]), [2.0])
+
+
 def test_a_reward_returning_none_is_an_error_not_a_reason_to_drop_the_limit():
   with pytest.raises((TypeError, ValueError)):
     time_limit.TimeLimited(none_reward, seconds=30.0)(["x"])

@@ -58,6 +58,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 import types
 from collections.abc import Iterator, Mapping, Sequence
@@ -144,6 +145,9 @@ def _portable(e: Exception) -> bytes:
     return pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
+_WAIT_SLICE_S = 0.25
+
+
 class _Worker:
   """The shared worker process, its end of the pipe and the reward keys it has loaded."""
 
@@ -159,9 +163,13 @@ class _Worker:
   def request(self, message: tuple, seconds: float):
     """The worker's reply to `message`, or _TIMED_OUT if none came within `seconds`."""
     self.conn.send(message)
+    deadline = time.monotonic() + seconds
     try:
-      if not self.conn.poll(seconds):
-        return _TIMED_OUT
+      # Waited in slices: a Ctrl-C that the kernel hands to another thread (XLA's, say)
+      # interrupts no wait of this one, and is acted on between slices.
+      while not self.conn.poll(min(max(deadline - time.monotonic(), 0.0), _WAIT_SLICE_S)):
+        if time.monotonic() >= deadline:
+          return _TIMED_OUT
       return self.conn.recv()
     except (EOFError, OSError):
       self.process.join(5.0)
