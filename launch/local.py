@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+LOCAL_INIT_TIMEOUT_S = 120
+
 
 def free_port() -> int:
   with socket.socket() as s:
@@ -42,6 +44,9 @@ def process_env(base: dict[str, str], index: int, count: int, port: int,
   flags.append(f"--xla_force_host_platform_device_count={devices_per_process}")
   env.update(XLA_FLAGS=" ".join(flags), JAXRL_COORDINATOR=f"localhost:{port}",
              JAXRL_NUM_PROCESSES=str(count), JAXRL_PROCESS_ID=str(index))
+  # Processes on one machine meet within seconds; JAX's default wait for a missing one is
+  # 300 s. Set JAXRL_INIT_TIMEOUT_S to wait otherwise.
+  env.setdefault("JAXRL_INIT_TIMEOUT_S", str(LOCAL_INIT_TIMEOUT_S))
   return env
 
 

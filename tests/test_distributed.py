@@ -73,6 +73,9 @@ def test_local_launcher_sets_each_process_apart():
   assert (env["JAXRL_NUM_PROCESSES"], env["JAXRL_PROCESS_ID"]) == ("3", "1")
   assert env["XLA_FLAGS"].split() == ["--xla_foo=1",
                                       "--xla_force_host_platform_device_count=2"]
+  assert env["JAXRL_INIT_TIMEOUT_S"] == "120"  # local peers meet in seconds, not JAX's 300
+  assert local.process_env({"JAXRL_INIT_TIMEOUT_S": "7"}, 0, 2, 1, 1)[
+      "JAXRL_INIT_TIMEOUT_S"] == "7"
   with pytest.raises(SystemExit, match="experiment module"):
     local.parse(["--processes=2", "--", "rm", "-rf", "/"])
 
