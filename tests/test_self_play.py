@@ -320,6 +320,7 @@ def test_self_play_configs_are_refused_where_they_mean_nothing(tiny):
     grpo.validate(config)
   config = grpo_tic_tac_toe_self_play.get_config("tiny")
   config.env, config.task = "", "arithmetic"
+  config.env_reply_rewards = {}  # (a single-turn run refuses them first, by name)
   with pytest.raises(ValueError, match="self-play's: set config.env"):
     grpo.validate(config)
   config = grpo_tic_tac_toe_self_play.get_config("tiny")
