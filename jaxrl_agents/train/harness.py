@@ -499,15 +499,7 @@ def run(config, workdir: str, *, init_state: Callable[[], Any],
       if main:
         with open(os.path.join(workdir, "config.json"), "w") as f:
           json.dump(config_to_dict(config), f, indent=2)
-      try:
-        _loop_then_close(r, train_step, postfix, finite_keys, progress and main, on_exit)
-      except Exception as e:
-        if not _disk_full(e):
-          raise
-        raise TrainingStopped(
-            f"{workdir}: no space left on its device (while writing at step {r.step}: {e}). "
-            "Free space and run the same command again: it resumes from the newest complete "
-            "checkpoint (an incomplete one is never read)") from e
+      _loop_then_close(r, train_step, postfix, finite_keys, progress and main, on_exit)
     finally:
       ckpt.close()
   return r.last_eval
@@ -536,15 +528,24 @@ def _check_before_writing(config, workdir: str) -> None:
 
 def _loop_then_close(r: _Run, train_step, postfix, finite_keys, progress: bool,
                      on_exit: Callable[[], None] | None) -> None:
-  """`_loop`, then the trainer's `on_exit` and the log writer's close, however it ends."""
+  """`_loop`, then the trainer's `on_exit` and the log writer's close, however it ends; a
+  full disk ends it with one message (TrainingStopped)."""
   try:
-    _loop(r, train_step, postfix, finite_keys, progress)
-  finally:
     try:
-      if on_exit is not None:
-        on_exit()
+      _loop(r, train_step, postfix, finite_keys, progress)
     finally:
-      r.writer.close()
+      try:
+        if on_exit is not None:
+          on_exit()
+      finally:
+        r.writer.close()  # a full disk may fail this too
+  except Exception as e:
+    if not _disk_full(e):
+      raise
+    raise TrainingStopped(
+        f"{r.workdir}: no space left on its device (while writing at step {r.step}: {e}). "
+        "Free space and run the same command again: it resumes from the newest complete "
+        "checkpoint (an incomplete one is never read)") from e
 
 
 def _frozen_digests(frozen: Mapping[str, Any]) -> dict[str, str]:
