@@ -641,17 +641,16 @@ def train(config, workdir: str, progress: bool = True) -> dict:
                        time.perf_counter() - t0)
 
   run_eval = None if evaluate is None else functools.partial(evaluate_policy, evaluate)
+  run_args = dict(init_state=init_state, evaluate=run_eval, data=data,
+                  nonfinite_count=optim_lib.nonfinite_count, progress=progress,
+                  resume_rules=common.RESUME_RULES, frozen=common.frozen_reward_models(config),
+                  **records.LOGGED)
   if config.get("overlap", False):  # the next step's rollout samples during this step's update
     overlap.check_supported(config, mesh)
-    return overlap.run(config, workdir, collect=collect, data=data, init_state=init_state,
-                       initial_params=model.params, policy_params=lambda state: state.params,
-                       update_step=update_step, evaluate=run_eval,
-                       nonfinite_count=optim_lib.nonfinite_count, progress=progress,
-                       resume_rules=common.RESUME_RULES, **records.LOGGED)
-  return harness.run(config, workdir, init_state=init_state, train_step=train_step,
-                     evaluate=run_eval, data=data, nonfinite_count=optim_lib.nonfinite_count,
-                     progress=progress, resume_rules=common.RESUME_RULES,
-                     frozen=common.frozen_reward_models(config), **records.LOGGED)
+    return overlap.run(config, workdir, collect=collect, initial_params=model.params,
+                       policy_params=lambda state: state.params, update_step=update_step,
+                       **run_args)
+  return harness.run(config, workdir, train_step=train_step, **run_args)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import json
 import os
 import re
 import secrets
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -184,15 +186,15 @@ except Exception:
 """
 
 
+_RENDERED_IN_TIME: set[str] = set()
+
+
 def check_template_renders(tok, source: str, time_limit_s: float | None = None) -> None:
   """Renders a short conversation through `tok`'s chat template(s), if any, in a child
   process; raises ValueError naming `source` unless it is done within `time_limit_s`
   (default TEMPLATE_TIME_LIMIT_S; a template with nested loops over Jinja's largest
   range runs for hours). A template that raises (some refuse a role) is left to name
   its error where a prompt is rendered."""
-  import subprocess
-  import sys
-
   limit = TEMPLATE_TIME_LIMIT_S if time_limit_s is None else time_limit_s
   templates = tok.chat_template
   if not templates:
@@ -200,6 +202,8 @@ def check_template_renders(tok, source: str, time_limit_s: float | None = None) 
   messages = [{"role": "user", "content": "What is 2 + 3?"},
               {"role": "assistant", "content": "5"}, {"role": "user", "content": "And 3 + 4?"}]
   for template in templates.values() if isinstance(templates, dict) else [templates]:
+    if template in _RENDERED_IN_TIME:  # a model loaded again: probed once a process
+      continue
     try:
       subprocess.run([sys.executable, "-I", "-c", _RENDER_PROBE], check=False,
                      input=json.dumps([template, messages]), text=True, timeout=limit,
@@ -208,6 +212,7 @@ def check_template_renders(tok, source: str, time_limit_s: float | None = None) 
       raise ValueError(f"{source}: the chat template did not render a three-message "
                        f"conversation within {limit:g} s; refused (fix its "
                        "chat_template.jinja or tokenizer_config.json's chat_template)") from None
+    _RENDERED_IN_TIME.add(template)
 
 
 def stop_token_ids(tok) -> tuple[int, ...]:

@@ -116,17 +116,7 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
   lp = traj.prompt_width
   returns = distributed.to_host(traj.rewards).astype(np.float32)
   components = {"return": returns}
-  if shaping_gamma is not None:
-    traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
-    components["shaped_return"] = distributed.to_host(traj.rewards).astype(np.float32)
-  if information_gain:
-    traj = traj.replace(turn_rewards=credit.igpo_turn_rewards(
-        eps.answer_logp, traj.turn_mask, jnp.asarray(returns)))
-    # The gains the update uses: every turn's but the last (whose score, after the
-    # episode ended, means nothing), i.e. the turn rewards less the return on the last.
-    played = distributed.to_host(traj.turn_mask).any(1)
-    components["information_gain"] = (distributed.to_host(traj.turn_rewards).sum(-1)
-                                      - np.where(played, returns, 0.0)).astype(np.float32)
+  traj = _credited_turn_rewards(eps, returns, shaping_gamma, information_gain, components)
   info = {k: distributed.to_host(v).astype(np.float32) for k, v in eps.info.items()}
   correct = (info["success"] > 0).astype(np.float32) if "success" in info \
       else (returns > 0).astype(np.float32)
@@ -149,6 +139,27 @@ def to_rollout(tok, eps: multiturn.Episodes, labels: list[str], group_size: int 
       details=[{**d, "failure": f} for d, f in zip(
           episode_details(tok, traj if details_traj is None else details_traj),
           failures or [None] * rewards.shape[0], strict=True)])
+
+
+def _credited_turn_rewards(eps: multiturn.Episodes, returns: np.ndarray,
+                           shaping_gamma: float | None, information_gain: bool,
+                           components: dict):
+  """The trajectory with the turn rewards the update reads (`to_rollout`: potential-shaped,
+  or IGPO's information gains, or the environment's), logging what they add to
+  `components`."""
+  traj = eps.traj
+  if shaping_gamma is not None:
+    traj = traj.replace(turn_rewards=shape_turn_rewards(eps, shaping_gamma))
+    components["shaped_return"] = distributed.to_host(traj.rewards).astype(np.float32)
+  if information_gain:
+    traj = traj.replace(turn_rewards=credit.igpo_turn_rewards(
+        eps.answer_logp, traj.turn_mask, jnp.asarray(returns)))
+    # The gains the update uses: every turn's but the last (whose score, after the
+    # episode ended, means nothing), i.e. the turn rewards less the return on the last.
+    played = distributed.to_host(traj.turn_mask).any(1)
+    components["information_gain"] = (distributed.to_host(traj.turn_rewards).sum(-1)
+                                      - np.where(played, returns, 0.0)).astype(np.float32)
+  return traj
 
 
 def reply_rewards(config):
