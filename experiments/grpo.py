@@ -599,11 +599,9 @@ def train(config, workdir: str, progress: bool = True) -> dict:
   collect, evaluate, data = common.episodes(config, model, episode_credit(config))
   mesh = sharding.for_config(config)
   watch = records.NoSignalWatch()  # warns when every group ties step after step
-
   token_budget = common.policy_token_budget(config)
 
-  def init_state():
-    return grpo.init_state(model.params, common.init_key(config))
+  init_state = functools.partial(grpo.init_state, model.params, common.init_key(config))
 
   def update_step(state, r: types.Rollout, extra, prepare_rng, update_rng, progress_fraction,
                   rollout_s: float, wait_s: float | None = None) -> harness.StepResult:
